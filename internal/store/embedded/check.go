@@ -1,0 +1,177 @@
+package embedded
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"quill/internal/store"
+)
+
+// Check verifies, on a consistent snapshot, that every counter agrees with
+// the rows it summarizes and every reference resolves:
+//   - each name index entry points at a mailbox record of that user and name;
+//   - each mailbox's message count and size match its messages, every UID is
+//     below UIDNEXT and every MODSEQ at most HIGHESTMODSEQ;
+//   - each message has a change log entry at its MODSEQ;
+//   - each blob's reference count equals the messages referencing it, and
+//     its chunks add up to its size;
+//   - each user's usage equals the sum over its mailboxes.
+func (e *Engine) Check(ctx context.Context) ([]string, error) {
+	snap := e.db.NewSnapshot()
+	defer snap.Close()
+	var problems []string
+	report := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+
+	scan := func(prefix []byte, fn func(k, v []byte) error) error {
+		it, err := snap.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
+		if err != nil {
+			return err
+		}
+		defer it.Close()
+		for it.First(); it.Valid(); it.Next() {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := fn(it.Key(), it.Value()); err != nil {
+				return err
+			}
+		}
+		return it.Error()
+	}
+
+	refs := map[store.ID]int64{}
+	usage := map[string]store.Usage{}
+	mailboxes := map[store.ID]store.Mailbox{}
+	err := scan([]byte{tMailbox}, func(k, v []byte) error {
+		m, err := decodeMailbox(v)
+		if err != nil {
+			report("mailbox %x: undecodable", k[1:])
+			return nil
+		}
+		mailboxes[m.ID] = m
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = scan([]byte{tName}, func(k, v []byte) error {
+		user, name, _ := bytes.Cut(k[1:], []byte{0})
+		var id store.ID
+		copy(id[:], v)
+		m, ok := mailboxes[id]
+		if !ok {
+			report("name %s/%s: points at missing mailbox %s", user, name, id)
+		} else if m.User != string(user) || m.Name != string(name) {
+			report("name %s/%s: mailbox %s is %s/%s", user, name, id, m.User, m.Name)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range mailboxes {
+		var count uint32
+		var size int64
+		u := usage[m.User]
+		err := scan(messagePrefix(m.ID), func(k, v []byte) error {
+			uid := binary.BigEndian.Uint32(k[17:])
+			msg, err := decodeMessage(uid, v)
+			if err != nil {
+				report("mailbox %s uid %d: undecodable", m.ID, uid)
+				return nil
+			}
+			count++
+			size += msg.Size
+			refs[msg.Blob]++
+			if uid >= m.UIDNext {
+				report("mailbox %s: uid %d >= uidnext %d", m.ID, uid, m.UIDNext)
+			}
+			if msg.ModSeq > m.HighestModSeq {
+				report("mailbox %s uid %d: modseq %d > highest %d", m.ID, uid, msg.ModSeq, m.HighestModSeq)
+			}
+			if _, closer, err := snap.Get(changeKey(m.ID, msg.ModSeq, uid)); err != nil {
+				report("mailbox %s uid %d: no change log entry at modseq %d", m.ID, uid, msg.ModSeq)
+			} else {
+				closer.Close()
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		if count != m.Messages || size != m.Size {
+			report("mailbox %s (%s/%s): counters say %d messages/%d bytes, contents %d/%d",
+				m.ID, m.User, m.Name, m.Messages, m.Size, count, size)
+		}
+		u.Bytes += size
+		u.Messages += int64(count)
+		usage[m.User] = u
+	}
+	err = scan([]byte{tBlob}, func(k, v []byte) error {
+		var id store.ID
+		copy(id[:], k[1:])
+		rec, err := decodeBlob(v)
+		if err != nil {
+			report("blob %s: undecodable", id)
+			return nil
+		}
+		pending := false
+		if _, closer, err := snap.Get(pendingKey(id)); err == nil {
+			closer.Close()
+			pending = true
+		}
+		if rec.Refs != refs[id] && !(pending && rec.Refs == 0 && refs[id] == 0) {
+			report("blob %s: refcount %d, referenced by %d messages", id, rec.Refs, refs[id])
+		}
+		delete(refs, id)
+		var size int64
+		var chunks uint32
+		if err := scan(chunkPrefix(id), func(_, v []byte) error {
+			size += int64(len(v))
+			chunks++
+			return nil
+		}); err != nil {
+			return err
+		}
+		if size != rec.Size || chunks != rec.Chunks {
+			report("blob %s: record says %d bytes in %d chunks, found %d in %d", id, rec.Size, rec.Chunks, size, chunks)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for id, n := range refs {
+		report("blob %s: missing, referenced by %d messages", id, n)
+	}
+	err = scan([]byte{tUser}, func(k, _ []byte) error {
+		user := string(k[1:])
+		want := usage[user]
+		delete(usage, user)
+		v, closer, err := snap.Get(usageKey(user))
+		var got store.Usage
+		if err == nil {
+			got, err = decodeUsage(v)
+			closer.Close()
+			if err != nil {
+				report("usage of %s: undecodable", user)
+				return nil
+			}
+		}
+		if got != want {
+			report("usage of %s: recorded %+v, contents %+v", user, got, want)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for user := range usage {
+		report("mailboxes of %s: no such user", user)
+	}
+	return problems, nil
+}

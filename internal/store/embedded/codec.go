@@ -1,0 +1,306 @@
+package embedded
+
+import (
+	"encoding/binary"
+	"errors"
+	"time"
+
+	"quill/internal/store"
+)
+
+// Key layout. Every key starts with a one-byte table prefix; integers in keys
+// are big-endian so that byte order is numeric order.
+//
+//	'u' user                          -> user record
+//	'a' alias                         -> target user
+//	'A' user 0x00 alias               -> nil (reverse index for DeleteUser)
+//	'n' user 0x00 name                -> mailbox ID
+//	'm' mailboxID                     -> mailbox record
+//	'x' mailboxID uid(4)              -> message record
+//	'c' mailboxID modseq(8) uid(4)    -> change kind (latest change per UID)
+//	'B' blobID                        -> blob record (size, chunks, refs)
+//	'b' blobID chunk(4)               -> chunk bytes
+//	'p' blobID                        -> creation time: blob not yet referenced
+//	'q' user                          -> usage record
+//	'v' user                          -> last UIDVALIDITY handed out
+//	'V'                               -> schema version
+const (
+	tUser       = 'u'
+	tAlias      = 'a'
+	tAliasOf    = 'A'
+	tName       = 'n'
+	tMailbox    = 'm'
+	tMessage    = 'x'
+	tChange     = 'c'
+	tBlob       = 'B'
+	tChunk      = 'b'
+	tPending    = 'p'
+	tUsage      = 'q'
+	tValidity   = 'v'
+	tVersion    = 'V'
+	schemaLevel = 1
+)
+
+func key(table byte, parts ...[]byte) []byte {
+	n := 1
+	for _, p := range parts {
+		n += len(p)
+	}
+	k := make([]byte, 1, n)
+	k[0] = table
+	for _, p := range parts {
+		k = append(k, p...)
+	}
+	return k
+}
+
+func userKey(u string) []byte          { return key(tUser, []byte(u)) }
+func aliasKey(a string) []byte         { return key(tAlias, []byte(a)) }
+func aliasOfKey(u, a string) []byte    { return key(tAliasOf, []byte(u), []byte{0}, []byte(a)) }
+func aliasOfPrefix(u string) []byte    { return key(tAliasOf, []byte(u), []byte{0}) }
+func nameKey(u, name string) []byte    { return key(tName, []byte(u), []byte{0}, []byte(name)) }
+func namePrefix(u string) []byte       { return key(tName, []byte(u), []byte{0}) }
+func mailboxKey(id store.ID) []byte    { return key(tMailbox, id[:]) }
+func messagePrefix(id store.ID) []byte { return key(tMessage, id[:]) }
+func changePrefix(id store.ID) []byte  { return key(tChange, id[:]) }
+func blobKey(id store.ID) []byte       { return key(tBlob, id[:]) }
+func chunkPrefix(id store.ID) []byte   { return key(tChunk, id[:]) }
+func pendingKey(id store.ID) []byte    { return key(tPending, id[:]) }
+func usageKey(u string) []byte         { return key(tUsage, []byte(u)) }
+func validityKey(u string) []byte      { return key(tValidity, []byte(u)) }
+
+func messageKey(id store.ID, uid uint32) []byte {
+	return binary.BigEndian.AppendUint32(key(tMessage, id[:]), uid)
+}
+
+func changeKey(id store.ID, modseq uint64, uid uint32) []byte {
+	k := binary.BigEndian.AppendUint64(key(tChange, id[:]), modseq)
+	return binary.BigEndian.AppendUint32(k, uid)
+}
+
+func chunkKey(id store.ID, n uint32) []byte {
+	return binary.BigEndian.AppendUint32(key(tChunk, id[:]), n)
+}
+
+// prefixEnd returns the smallest key greater than every key with prefix p.
+func prefixEnd(p []byte) []byte {
+	end := append([]byte(nil), p...)
+	for i := len(end) - 1; i >= 0; i-- {
+		end[i]++
+		if end[i] != 0 {
+			return end[:i+1]
+		}
+	}
+	return nil
+}
+
+var errCorrupt = errors.New("embedded: corrupt record")
+
+// enc appends the fields of a record; dec reads them back, remembering the
+// first error so that decoders read straight through.
+type enc []byte
+
+func (e *enc) uvarint(v uint64) { *e = binary.AppendUvarint(*e, v) }
+func (e *enc) varint(v int64)   { *e = binary.AppendVarint(*e, v) }
+func (e *enc) bytes(b []byte)   { e.uvarint(uint64(len(b))); *e = append(*e, b...) }
+func (e *enc) str(s string)     { e.uvarint(uint64(len(s))); *e = append(*e, s...) }
+func (e *enc) id(id store.ID)   { *e = append(*e, id[:]...) }
+func (e *enc) time(t time.Time) { e.varint(t.UnixNano()) }
+func (e *enc) boolean(b bool) {
+	if b {
+		*e = append(*e, 1)
+	} else {
+		*e = append(*e, 0)
+	}
+}
+
+type dec struct {
+	b   []byte
+	err error
+}
+
+func (d *dec) fail() {
+	if d.err == nil {
+		d.err = errCorrupt
+	}
+	d.b = nil
+}
+
+func (d *dec) uvarint() uint64 {
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail()
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *dec) varint() int64 {
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.fail()
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *dec) bytes() []byte {
+	n := d.uvarint()
+	if uint64(len(d.b)) < n {
+		d.fail()
+		return nil
+	}
+	v := d.b[:n:n]
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *dec) str() string { return string(d.bytes()) }
+
+func (d *dec) id() store.ID {
+	var id store.ID
+	if len(d.b) < len(id) {
+		d.fail()
+		return id
+	}
+	copy(id[:], d.b)
+	d.b = d.b[len(id):]
+	return id
+}
+
+func (d *dec) time() time.Time { return time.Unix(0, d.varint()).UTC() }
+
+func (d *dec) boolean() bool {
+	if len(d.b) < 1 {
+		d.fail()
+		return false
+	}
+	v := d.b[0] != 0
+	d.b = d.b[1:]
+	return v
+}
+
+func encodeUser(u store.User) []byte {
+	var e enc
+	e.str(u.Address)
+	e.str(u.PasswordHash)
+	e.varint(u.QuotaBytes)
+	e.uvarint(uint64(u.Status))
+	e.time(u.Created)
+	return e
+}
+
+func decodeUser(b []byte) (store.User, error) {
+	d := dec{b: b}
+	u := store.User{
+		Address:      d.str(),
+		PasswordHash: d.str(),
+		QuotaBytes:   d.varint(),
+		Status:       store.UserStatus(d.uvarint()),
+		Created:      d.time(),
+	}
+	return u, d.err
+}
+
+func encodeMailbox(m store.Mailbox) []byte {
+	var e enc
+	e.id(m.ID)
+	e.str(m.User)
+	e.str(m.Name)
+	e.str(m.SpecialUse)
+	e.boolean(m.Subscribed)
+	e.uvarint(uint64(m.UIDValidity))
+	e.uvarint(uint64(m.UIDNext))
+	e.uvarint(m.HighestModSeq)
+	e.uvarint(uint64(m.Messages))
+	e.varint(m.Size)
+	return e
+}
+
+func decodeMailbox(b []byte) (store.Mailbox, error) {
+	d := dec{b: b}
+	m := store.Mailbox{
+		ID:            d.id(),
+		User:          d.str(),
+		Name:          d.str(),
+		SpecialUse:    d.str(),
+		Subscribed:    d.boolean(),
+		UIDValidity:   uint32(d.uvarint()),
+		UIDNext:       uint32(d.uvarint()),
+		HighestModSeq: d.uvarint(),
+		Messages:      uint32(d.uvarint()),
+		Size:          d.varint(),
+	}
+	return m, d.err
+}
+
+// encodeMessage encodes everything but the UID, which is in the key.
+func encodeMessage(m store.Message) []byte {
+	e := make(enc, 0, 48+len(m.Meta))
+	e.uvarint(m.ModSeq)
+	e.time(m.InternalDate)
+	e.varint(m.Size)
+	e.id(m.Blob)
+	e.uvarint(uint64(len(m.Flags)))
+	for _, f := range m.Flags {
+		e.str(f)
+	}
+	e.bytes(m.Meta)
+	return e
+}
+
+func decodeMessage(uid uint32, b []byte) (store.Message, error) {
+	d := dec{b: b}
+	m := store.Message{UID: uid, ModSeq: d.uvarint(), InternalDate: d.time(), Size: d.varint(), Blob: d.id()}
+	n := d.uvarint()
+	if n > uint64(len(d.b)) {
+		d.fail()
+	}
+	if n > 0 && d.err == nil {
+		m.Flags = make([]string, n)
+		for i := range m.Flags {
+			m.Flags[i] = d.str()
+		}
+	}
+	if meta := d.bytes(); len(meta) > 0 {
+		m.Meta = append([]byte(nil), meta...)
+	}
+	return m, d.err
+}
+
+// blobRecord is the 'B' record: a blob's size, chunk count and the number
+// of messages referencing it.
+type blobRecord struct {
+	Size   int64
+	Chunks uint32
+	Refs   int64
+}
+
+func encodeBlob(r blobRecord) []byte {
+	var e enc
+	e.varint(r.Size)
+	e.uvarint(uint64(r.Chunks))
+	e.varint(r.Refs)
+	return e
+}
+
+func decodeBlob(b []byte) (blobRecord, error) {
+	d := dec{b: b}
+	r := blobRecord{Size: d.varint(), Chunks: uint32(d.uvarint()), Refs: d.varint()}
+	return r, d.err
+}
+
+func encodeUsage(u store.Usage) []byte {
+	var e enc
+	e.varint(u.Bytes)
+	e.varint(u.Messages)
+	return e
+}
+
+func decodeUsage(b []byte) (store.Usage, error) {
+	d := dec{b: b}
+	u := store.Usage{Bytes: d.varint(), Messages: d.varint()}
+	return u, d.err
+}

@@ -1,0 +1,341 @@
+// Package embedded is Quill's single-node storage engine: metadata and
+// message bodies in one Pebble database on local disk.
+//
+// Writes and durability. Every mutation runs as a transaction function on a
+// single committer goroutine, which gathers all transactions queued while
+// the previous group was being synced into one Pebble batch and commits it
+// with one fsync (group commit):
+//
+//	loop:
+//	    group := wait for one request, then take every request queued
+//	    for each request: run its function against the group's batch;
+//	                      keep its writes only if it succeeded
+//	    fence every mailbox the group touched at its pre-group state
+//	    commit the batch with Sync
+//	    lift the fences; answer every request
+//
+// Because one goroutine assigns UIDs and MODSEQs and commits groups in order,
+// they are strictly increasing in commit order. Pebble makes a synced batch
+// visible to readers before its fsync returns, so readers clamp what they
+// see of a fenced mailbox to its pre-group state: no reader can observe a UID
+// that a crash could then hand out again.
+//
+// Rejected alternative: a lock per mailbox held across the commit. It
+// serializes a hot mailbox at one fsync per message; the committer instead
+// puts a whole group of deliveries to that mailbox into one fsync.
+//
+// Bodies are written by PutBlob outside the committer with unsynced writes;
+// the WAL is sequential, so the synced commit of the Append that references
+// a blob makes the blob durable too. Until its first reference a blob is
+// marked pending; pending blobs are reclaimed at open and periodically.
+package embedded
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"quill/internal/store"
+)
+
+// ErrClosed is returned by operations on a closed engine.
+var ErrClosed = errors.New("embedded: engine closed")
+
+// Options configure an engine.
+type Options struct {
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+	// CacheBytes is Pebble's block cache size (default 64 MiB).
+	CacheBytes int64
+	// MaxGroup bounds the transactions in one commit group (default 1024).
+	MaxGroup int
+	// PendingBlobTTL is how long an unreferenced blob may live before it is
+	// reclaimed (default 1 h): it must exceed the longest delivery.
+	PendingBlobTTL time.Duration
+}
+
+// Engine is the embedded store. It implements store.Store.
+type Engine struct {
+	db   *pebble.DB
+	opts Options
+	log  *slog.Logger
+
+	reqs   chan *request
+	quit   chan struct{}
+	wg     sync.WaitGroup
+	closed sync.Once
+
+	fenceMu sync.RWMutex
+	fence   map[store.ID]store.Mailbox // mailboxes in the group being synced, pre-group state
+
+	commitLatency prometheus.Histogram
+	groupSize     prometheus.Histogram
+}
+
+var _ store.Store = (*Engine)(nil)
+
+// Open opens (creating if needed) the engine in dir.
+func Open(dir string, opts Options) (*Engine, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.CacheBytes == 0 {
+		opts.CacheBytes = 64 << 20
+	}
+	if opts.MaxGroup == 0 {
+		opts.MaxGroup = 1024
+	}
+	if opts.PendingBlobTTL == 0 {
+		opts.PendingBlobTTL = time.Hour
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	cache := pebble.NewCache(opts.CacheBytes)
+	defer cache.Unref()
+	db, err := pebble.Open(filepath.Join(dir, "pebble"), &pebble.Options{
+		Cache:        cache,
+		MemTableSize: 32 << 20,
+		Logger:       pebbleLogger{opts.Logger},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
+	}
+	e := &Engine{
+		db:    db,
+		opts:  opts,
+		log:   opts.Logger,
+		reqs:  make(chan *request, opts.MaxGroup),
+		quit:  make(chan struct{}),
+		fence: make(map[store.ID]store.Mailbox),
+		commitLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "quill_store_commit_seconds",
+			Help:    "Latency of one synced commit group of the embedded store.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}),
+		groupSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "quill_store_commit_group_size",
+			Help:    "Transactions per commit group of the embedded store.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
+		}),
+	}
+	if opts.Registerer != nil {
+		for _, c := range []prometheus.Collector{e.commitLatency, e.groupSize} {
+			if err := opts.Registerer.Register(c); err != nil {
+				db.Close()
+				return nil, err
+			}
+		}
+	}
+	if err := e.checkVersion(); err != nil {
+		db.Close()
+		return nil, err
+	}
+	if err := e.reclaimPending(0); err != nil {
+		db.Close()
+		return nil, err
+	}
+	e.wg.Add(2)
+	go e.commitLoop()
+	go e.sweepLoop()
+	return e, nil
+}
+
+func (e *Engine) checkVersion() error {
+	v, err := e.get(e.db, []byte{tVersion})
+	if errors.Is(err, store.ErrNotFound) {
+		return e.db.Set([]byte{tVersion}, []byte{schemaLevel}, pebble.Sync)
+	}
+	if err != nil {
+		return err
+	}
+	if len(v) != 1 || v[0] != schemaLevel {
+		return fmt.Errorf("embedded: data has schema level %v, this binary knows %d", v, schemaLevel)
+	}
+	return nil
+}
+
+// Close stops the committer after the queued transactions and closes the
+// database.
+func (e *Engine) Close() error {
+	var err error
+	e.closed.Do(func() {
+		close(e.quit)
+		e.wg.Wait()
+		err = e.db.Close()
+	})
+	return err
+}
+
+// request is one transaction queued for the committer.
+type request struct {
+	fn   func(*txn) error
+	err  error
+	done chan struct{}
+}
+
+// update runs fn exactly once, on the committer goroutine, in the next commit
+// group, and returns once that group is durable (or fn failed). fn must not
+// block; when it returns an error none of its writes are kept.
+func (e *Engine) update(ctx context.Context, fn func(*txn) error) error {
+	r := &request{fn: fn, done: make(chan struct{})}
+	select {
+	case e.reqs <- r:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-e.quit:
+		return ErrClosed
+	}
+	// Once queued the transaction may commit: wait for its outcome even if
+	// ctx ends, or the caller could report failure for a durable change.
+	<-r.done
+	return r.err
+}
+
+func (e *Engine) commitLoop() {
+	defer e.wg.Done()
+	group := make([]*request, 0, e.opts.MaxGroup)
+	for {
+		var first *request
+		select {
+		case first = <-e.reqs:
+		case <-e.quit:
+			// Drain what was queued before Close so no caller hangs.
+			for {
+				select {
+				case r := <-e.reqs:
+					e.commitGroup([]*request{r})
+				default:
+					return
+				}
+			}
+		}
+		group = append(group[:0], first)
+	fill:
+		for len(group) < e.opts.MaxGroup {
+			select {
+			case r := <-e.reqs:
+				group = append(group, r)
+			default:
+				break fill
+			}
+		}
+		e.commitGroup(group)
+	}
+}
+
+func (e *Engine) commitGroup(group []*request) {
+	b := e.db.NewIndexedBatch()
+	defer b.Close()
+	t := &txn{e: e, b: b, touched: make(map[store.ID]store.Mailbox)}
+	ok := 0
+	for _, r := range group {
+		t.begin()
+		r.err = safeRun(r.fn, t)
+		if r.err != nil {
+			t.rollback()
+			continue
+		}
+		t.apply()
+		ok++
+	}
+	var err error
+	if ok > 0 {
+		start := time.Now()
+		e.fenceMu.Lock()
+		for id, m := range t.touched {
+			e.fence[id] = m
+		}
+		e.fenceMu.Unlock()
+		err = b.Commit(pebble.Sync)
+		e.fenceMu.Lock()
+		for id := range t.touched {
+			delete(e.fence, id)
+		}
+		e.fenceMu.Unlock()
+		e.commitLatency.Observe(time.Since(start).Seconds())
+		e.groupSize.Observe(float64(ok))
+		if err != nil {
+			e.log.Error("store commit failed", "err", err, "group", ok)
+			err = fmt.Errorf("embedded: commit: %w", err)
+		}
+	}
+	for _, r := range group {
+		if r.err == nil && err != nil {
+			r.err = err
+		}
+		close(r.done)
+	}
+}
+
+// safeRun runs a transaction function, turning a panic into an error so a
+// bug in one transaction cannot take the committer down with the others.
+func safeRun(fn func(*txn) error, t *txn) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("embedded: transaction panicked: %v", p)
+		}
+	}()
+	return fn(t)
+}
+
+// fenced returns the pre-group state of a mailbox whose group is being
+// synced. A reader must consult it after reading from the database (see the
+// package comment).
+func (e *Engine) fenced(id store.ID) (store.Mailbox, bool) {
+	e.fenceMu.RLock()
+	m, ok := e.fence[id]
+	e.fenceMu.RUnlock()
+	return m, ok
+}
+
+// get returns a copy of the value at k, or store.ErrNotFound.
+func (e *Engine) get(r pebble.Reader, k []byte) ([]byte, error) {
+	v, closer, err := r.Get(k)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, store.ErrNotFound
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := append([]byte(nil), v...)
+	closer.Close()
+	return out, nil
+}
+
+func (e *Engine) sweepLoop() {
+	defer e.wg.Done()
+	tick := time.NewTicker(e.opts.PendingBlobTTL / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case <-e.quit:
+			return
+		case <-tick.C:
+			if err := e.reclaimPending(e.opts.PendingBlobTTL); err != nil {
+				e.log.Warn("reclaiming unreferenced blobs", "err", err)
+			}
+		}
+	}
+}
+
+type pebbleLogger struct{ l *slog.Logger }
+
+func (p pebbleLogger) Infof(format string, args ...any) {
+	p.l.Debug(fmt.Sprintf(format, args...), "component", "pebble")
+}
+func (p pebbleLogger) Errorf(format string, args ...any) {
+	p.l.Error(fmt.Sprintf(format, args...), "component", "pebble")
+}
+func (p pebbleLogger) Fatalf(format string, args ...any) {
+	p.l.Error(fmt.Sprintf(format, args...), "component", "pebble")
+	os.Exit(1)
+}

@@ -1,0 +1,278 @@
+package embedded
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"quill/internal/store"
+)
+
+// canonicalName validates a mailbox name and spells INBOX (and the first
+// component of its inferiors) in upper case: INBOX is case-insensitive
+// (RFC 3501 section 5.1).
+func canonicalName(name string) (string, error) {
+	if name == "" || len(name) > 1024 || !utf8.ValidString(name) || strings.ContainsAny(name, "\x00\r\n") ||
+		strings.HasPrefix(name, "/") || strings.HasSuffix(name, "/") || strings.Contains(name, "//") {
+		return "", fmt.Errorf("%w: mailbox name %q", store.ErrInvalid, name)
+	}
+	first, rest, hasRest := strings.Cut(name, "/")
+	if strings.EqualFold(first, "INBOX") {
+		if hasRest {
+			return "INBOX/" + rest, nil
+		}
+		return "INBOX", nil
+	}
+	return name, nil
+}
+
+func (t *txn) createMailbox(user, name string, opts store.MailboxOptions) (store.Mailbox, error) {
+	if ok, err := t.exists(nameKey(user, name)); err != nil {
+		return store.Mailbox{}, err
+	} else if ok {
+		return store.Mailbox{}, fmt.Errorf("%w: mailbox %s", store.ErrExists, name)
+	}
+	uv, err := t.nextUIDValidity(user)
+	if err != nil {
+		return store.Mailbox{}, err
+	}
+	m := store.Mailbox{
+		ID: store.NewID(), User: user, Name: name, SpecialUse: opts.SpecialUse,
+		Subscribed: opts.Subscribed, UIDValidity: uv, UIDNext: 1, HighestModSeq: 1,
+	}
+	t.set(nameKey(user, name), m.ID[:])
+	t.putMailbox(m)
+	return m, nil
+}
+
+func (e *Engine) CreateMailbox(ctx context.Context, user, name string, opts store.MailboxOptions) (store.Mailbox, error) {
+	name, err := canonicalName(name)
+	if err != nil {
+		return store.Mailbox{}, err
+	}
+	var m store.Mailbox
+	err = e.update(ctx, func(t *txn) error {
+		if ok, err := t.exists(userKey(user)); err != nil {
+			return err
+		} else if !ok {
+			return fmt.Errorf("user %s: %w", user, store.ErrNotFound)
+		}
+		m, err = t.createMailbox(user, name, opts)
+		return err
+	})
+	return m, err
+}
+
+// visible clamps a mailbox read from the database to what readers may see
+// (see the package comment on fences).
+func (e *Engine) visible(m store.Mailbox) store.Mailbox {
+	if f, ok := e.fenced(m.ID); ok {
+		f.Name, f.Subscribed, f.SpecialUse = m.Name, m.Subscribed, m.SpecialUse
+		return f
+	}
+	return m
+}
+
+func (e *Engine) GetMailbox(ctx context.Context, user, name string) (store.Mailbox, error) {
+	name, err := canonicalName(name)
+	if err != nil {
+		return store.Mailbox{}, err
+	}
+	v, err := e.get(e.db, nameKey(user, name))
+	if err != nil {
+		return store.Mailbox{}, fmt.Errorf("mailbox %s of %s: %w", name, user, err)
+	}
+	var id store.ID
+	copy(id[:], v)
+	return e.GetMailboxByID(ctx, id)
+}
+
+func (e *Engine) GetMailboxByID(ctx context.Context, id store.ID) (store.Mailbox, error) {
+	v, err := e.get(e.db, mailboxKey(id))
+	if err != nil {
+		return store.Mailbox{}, fmt.Errorf("mailbox %s: %w", id, err)
+	}
+	m, err := decodeMailbox(v)
+	if err != nil {
+		return m, err
+	}
+	return e.visible(m), nil
+}
+
+func (e *Engine) ListMailboxes(ctx context.Context, user string) ([]store.Mailbox, error) {
+	p := namePrefix(user)
+	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: prefixEnd(p)})
+	if err != nil {
+		return nil, err
+	}
+	var ids []store.ID
+	for it.First(); it.Valid(); it.Next() {
+		var id store.ID
+		copy(id[:], it.Value())
+		ids = append(ids, id)
+	}
+	if err := it.Close(); err != nil {
+		return nil, err
+	}
+	out := make([]store.Mailbox, 0, len(ids))
+	for _, id := range ids {
+		m, err := e.GetMailboxByID(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+func (e *Engine) RenameMailbox(ctx context.Context, user, from, to string) error {
+	from, err := canonicalName(from)
+	if err != nil {
+		return err
+	}
+	if to, err = canonicalName(to); err != nil {
+		return err
+	}
+	if from == "INBOX" || to == "INBOX" || strings.HasPrefix(to, from+"/") {
+		return fmt.Errorf("%w: rename %s to %s", store.ErrInvalid, from, to)
+	}
+	return e.update(ctx, func(t *txn) error {
+		if ok, err := t.exists(nameKey(user, from)); err != nil {
+			return err
+		} else if !ok {
+			return fmt.Errorf("mailbox %s: %w", from, store.ErrNotFound)
+		}
+		// The mailbox and its inferiors move together (RFC 3501 6.3.5).
+		type move struct {
+			old, new string
+			id       store.ID
+		}
+		var moves []move
+		p := namePrefix(user)
+		err := t.scan(p, func(k, v []byte) error {
+			name := string(k[len(p):])
+			if name == from || strings.HasPrefix(name, from+"/") {
+				var id store.ID
+				copy(id[:], v)
+				moves = append(moves, move{name, to + name[len(from):], id})
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, mv := range moves {
+			if ok, err := t.exists(nameKey(user, mv.new)); err != nil {
+				return err
+			} else if ok {
+				return fmt.Errorf("%w: mailbox %s", store.ErrExists, mv.new)
+			}
+		}
+		for _, mv := range moves {
+			v, err := t.get(mailboxKey(mv.id))
+			if err != nil {
+				return err
+			}
+			m, err := decodeMailbox(v)
+			if err != nil {
+				return err
+			}
+			m.Name = mv.new
+			t.del(nameKey(user, mv.old))
+			t.set(nameKey(user, mv.new), mv.id[:])
+			t.putMailbox(m)
+		}
+		return nil
+	})
+}
+
+func (e *Engine) DeleteMailbox(ctx context.Context, user, name string) error {
+	name, err := canonicalName(name)
+	if err != nil {
+		return err
+	}
+	if name == "INBOX" {
+		return fmt.Errorf("%w: INBOX cannot be deleted", store.ErrInvalid)
+	}
+	return e.update(ctx, func(t *txn) error {
+		v, err := t.get(nameKey(user, name))
+		if err != nil {
+			return fmt.Errorf("mailbox %s: %w", name, err)
+		}
+		var id store.ID
+		copy(id[:], v)
+		if err := t.dropMailboxContents(id); err != nil {
+			return err
+		}
+		t.del(nameKey(user, name))
+		t.del(mailboxKey(id))
+		return nil
+	})
+}
+
+// dropMailboxContents releases every message of a mailbox: blob references,
+// quota usage, message rows and change log.
+func (t *txn) dropMailboxContents(id store.ID) error {
+	v, err := t.get(mailboxKey(id))
+	if err != nil {
+		return err
+	}
+	m, err := decodeMailbox(v)
+	if err != nil {
+		return err
+	}
+	var refs []store.ID
+	err = t.scan(messagePrefix(id), func(k, v []byte) error {
+		msg, err := decodeMessage(0, v)
+		if err != nil {
+			return err
+		}
+		refs = append(refs, msg.Blob)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, b := range refs {
+		if err := t.addBlobRef(b, -1); err != nil {
+			return err
+		}
+	}
+	if err := t.addUsage(m.User, -m.Size, -int64(m.Messages)); err != nil {
+		return err
+	}
+	t.deletePrefix(messagePrefix(id))
+	t.deletePrefix(changePrefix(id))
+	return nil
+}
+
+func (e *Engine) SetSubscribed(ctx context.Context, user, name string, subscribed bool) error {
+	name, err := canonicalName(name)
+	if err != nil {
+		return err
+	}
+	return e.update(ctx, func(t *txn) error {
+		v, err := t.get(nameKey(user, name))
+		if err != nil {
+			return fmt.Errorf("mailbox %s: %w", name, err)
+		}
+		var id store.ID
+		copy(id[:], v)
+		mv, err := t.get(mailboxKey(id))
+		if err != nil {
+			return err
+		}
+		m, err := decodeMailbox(mv)
+		if err != nil {
+			return err
+		}
+		m.Subscribed = subscribed
+		t.putMailbox(m)
+		return nil
+	})
+}

@@ -1,0 +1,300 @@
+package embedded
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"quill/internal/store"
+)
+
+// normalizeFlags sorts and deduplicates flags and rejects what IMAP cannot
+// store: \Recent (session state), empty or non-atom names (RFC 3501 flag).
+func normalizeFlags(flags []string) ([]string, error) {
+	if len(flags) == 0 {
+		return nil, nil
+	}
+	out := make([]string, 0, len(flags))
+	for _, f := range flags {
+		if f == "" || len(f) > 255 || strings.EqualFold(f, `\Recent`) || strings.ContainsAny(f, " (){%*\"]\x00\r\n") {
+			return nil, fmt.Errorf("%w: flag %q", store.ErrInvalid, f)
+		}
+		for i := 0; i < len(f); i++ {
+			if f[i] < 0x21 || f[i] > 0x7e {
+				return nil, fmt.Errorf("%w: flag %q", store.ErrInvalid, f)
+			}
+		}
+		out = append(out, f)
+	}
+	sort.Strings(out)
+	return slices.Compact(out), nil
+}
+
+func (e *Engine) Append(ctx context.Context, mailbox store.ID, msgs []store.NewMessage, opts store.AppendOptions) ([]store.Message, error) {
+	if len(msgs) == 0 {
+		return nil, fmt.Errorf("%w: nothing to append", store.ErrInvalid)
+	}
+	prepared := make([]store.Message, len(msgs))
+	var total int64
+	for i, nm := range msgs {
+		flags, err := normalizeFlags(nm.Flags)
+		if err != nil {
+			return nil, err
+		}
+		if nm.Size < 0 || nm.Blob.IsZero() {
+			return nil, fmt.Errorf("%w: message without body", store.ErrInvalid)
+		}
+		prepared[i] = store.Message{Flags: flags, InternalDate: nm.InternalDate.UTC(), Size: nm.Size, Blob: nm.Blob, Meta: nm.Meta}
+		total += nm.Size
+	}
+	var out []store.Message
+	err := e.update(ctx, func(t *txn) error {
+		m, err := t.mailbox(mailbox)
+		if err != nil {
+			return fmt.Errorf("mailbox %s: %w", mailbox, err)
+		}
+		if uint64(m.UIDNext)+uint64(len(msgs)) > math.MaxUint32 {
+			return fmt.Errorf("%w: UID space of mailbox %s exhausted", store.ErrConflict, m.Name)
+		}
+		if opts.CheckQuota {
+			u, err := t.get(userKey(m.User))
+			if err != nil {
+				return err
+			}
+			user, err := decodeUser(u)
+			if err != nil {
+				return err
+			}
+			usage, err := t.usage(m.User)
+			if err != nil {
+				return err
+			}
+			if user.QuotaBytes > 0 && usage.Bytes+total > user.QuotaBytes {
+				return fmt.Errorf("%w: %s", store.ErrOverQuota, m.User)
+			}
+		}
+		m.HighestModSeq++
+		out = make([]store.Message, len(prepared))
+		for i, msg := range prepared {
+			if err := t.addBlobRef(msg.Blob, 1); err != nil {
+				return err
+			}
+			msg.UID = m.UIDNext
+			msg.ModSeq = m.HighestModSeq
+			m.UIDNext++
+			t.set(messageKey(m.ID, msg.UID), encodeMessage(msg))
+			t.set(changeKey(m.ID, msg.ModSeq, msg.UID), []byte{byte(store.ChangeAdded)})
+			out[i] = msg
+		}
+		m.Messages += uint32(len(out))
+		m.Size += total
+		t.putMailbox(m)
+		return t.addUsage(m.User, total, int64(len(out)))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (e *Engine) ListMessages(ctx context.Context, mailbox store.ID, from uint32, limit int) ([]store.Message, error) {
+	p := messagePrefix(mailbox)
+	it, err := e.db.NewIter(&pebble.IterOptions{
+		LowerBound: binary.BigEndian.AppendUint32(append([]byte(nil), p...), from),
+		UpperBound: prefixEnd(p),
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	var out []store.Message
+	for it.First(); it.Valid() && len(out) < limit; it.Next() {
+		uid := binary.BigEndian.Uint32(it.Key()[len(p):])
+		m, err := decodeMessage(uid, it.Value())
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	if err := it.Error(); err != nil {
+		return nil, err
+	}
+	if f, ok := e.fenced(mailbox); ok {
+		out = clampMessages(out, f)
+	}
+	return out, nil
+}
+
+// clampMessages drops the messages appended by the group being synced. Flag
+// changes of that group are not hidden: a reader may see one up to an fsync
+// early, and an OS crash in that window loses only a change that was never
+// acknowledged.
+func clampMessages(msgs []store.Message, f store.Mailbox) []store.Message {
+	n := sort.Search(len(msgs), func(i int) bool { return msgs[i].UID >= f.UIDNext })
+	return msgs[:n]
+}
+
+func (e *Engine) GetMessage(ctx context.Context, mailbox store.ID, uid uint32) (store.Message, error) {
+	v, err := e.get(e.db, messageKey(mailbox, uid))
+	if err != nil {
+		return store.Message{}, fmt.Errorf("message %d: %w", uid, err)
+	}
+	if f, ok := e.fenced(mailbox); ok && uid >= f.UIDNext {
+		return store.Message{}, fmt.Errorf("message %d: %w", uid, store.ErrNotFound)
+	}
+	return decodeMessage(uid, v)
+}
+
+func (e *Engine) SetFlags(ctx context.Context, mailbox store.ID, change store.FlagChange) (store.FlagResult, error) {
+	flags, err := normalizeFlags(change.Flags)
+	if err != nil {
+		return store.FlagResult{}, err
+	}
+	var res store.FlagResult
+	err = e.update(ctx, func(t *txn) error {
+		res = store.FlagResult{}
+		m, err := t.mailbox(mailbox)
+		if err != nil {
+			return fmt.Errorf("mailbox %s: %w", mailbox, err)
+		}
+		modseq := m.HighestModSeq + 1
+		for _, uid := range change.UIDs {
+			v, err := t.get(messageKey(mailbox, uid))
+			if errors.Is(err, store.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			msg, err := decodeMessage(uid, v)
+			if err != nil {
+				return err
+			}
+			if change.UnchangedSince > 0 && msg.ModSeq > change.UnchangedSince {
+				res.Failed = append(res.Failed, uid)
+				continue
+			}
+			next := applyFlags(msg.Flags, change.Op, flags)
+			if slices.Equal(next, msg.Flags) {
+				continue
+			}
+			t.del(changeKey(mailbox, msg.ModSeq, uid))
+			msg.Flags, msg.ModSeq = next, modseq
+			t.set(messageKey(mailbox, uid), encodeMessage(msg))
+			t.set(changeKey(mailbox, modseq, uid), []byte{byte(store.ChangeFlags)})
+			res.Changed = append(res.Changed, msg)
+		}
+		if len(res.Changed) > 0 {
+			m.HighestModSeq = modseq
+			t.putMailbox(m)
+		}
+		return nil
+	})
+	return res, err
+}
+
+func applyFlags(cur []string, op store.FlagOp, flags []string) []string {
+	switch op {
+	case store.FlagsReplace:
+		return flags
+	case store.FlagsAdd:
+		out := append(slices.Clone(cur), flags...)
+		sort.Strings(out)
+		return slices.Compact(out)
+	default:
+		var out []string
+		for _, f := range cur {
+			if !slices.Contains(flags, f) {
+				out = append(out, f)
+			}
+		}
+		return out
+	}
+}
+
+func (e *Engine) Expunge(ctx context.Context, mailbox store.ID, uids []uint32) ([]uint32, uint64, error) {
+	var gone []uint32
+	var modseq uint64
+	err := e.update(ctx, func(t *txn) error {
+		gone = nil
+		m, err := t.mailbox(mailbox)
+		if err != nil {
+			return fmt.Errorf("mailbox %s: %w", mailbox, err)
+		}
+		modseq = m.HighestModSeq + 1
+		var bytes int64
+		for _, uid := range uids {
+			v, err := t.get(messageKey(mailbox, uid))
+			if errors.Is(err, store.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			msg, err := decodeMessage(uid, v)
+			if err != nil {
+				return err
+			}
+			if err := t.addBlobRef(msg.Blob, -1); err != nil {
+				return err
+			}
+			t.del(messageKey(mailbox, uid))
+			t.del(changeKey(mailbox, msg.ModSeq, uid))
+			t.set(changeKey(mailbox, modseq, uid), []byte{byte(store.ChangeExpunged)})
+			bytes += msg.Size
+			gone = append(gone, uid)
+		}
+		if len(gone) == 0 {
+			modseq = m.HighestModSeq
+			return nil
+		}
+		slices.Sort(gone)
+		gone = slices.Compact(gone)
+		m.HighestModSeq = modseq
+		m.Messages -= uint32(len(gone))
+		m.Size -= bytes
+		t.putMailbox(m)
+		return t.addUsage(m.User, -bytes, -int64(len(gone)))
+	})
+	return gone, modseq, err
+}
+
+func (e *Engine) Changes(ctx context.Context, mailbox store.ID, since uint64, limit int) ([]store.Change, error) {
+	p := changePrefix(mailbox)
+	lower := binary.BigEndian.AppendUint64(append([]byte(nil), p...), since+1)
+	if since == math.MaxUint64 {
+		return nil, nil
+	}
+	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: prefixEnd(p)})
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	var out []store.Change
+	for it.First(); it.Valid() && len(out) < limit; it.Next() {
+		k := it.Key()[len(p):]
+		if len(k) != 12 || len(it.Value()) != 1 {
+			return nil, errCorrupt
+		}
+		out = append(out, store.Change{
+			ModSeq: binary.BigEndian.Uint64(k),
+			UID:    binary.BigEndian.Uint32(k[8:]),
+			Kind:   store.ChangeKind(it.Value()[0]),
+		})
+	}
+	if err := it.Error(); err != nil {
+		return nil, err
+	}
+	if f, ok := e.fenced(mailbox); ok {
+		n := sort.Search(len(out), func(i int) bool { return out[i].ModSeq > f.HighestModSeq })
+		out = out[:n]
+	}
+	return out, nil
+}

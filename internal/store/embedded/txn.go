@@ -1,0 +1,177 @@
+package embedded
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"quill/internal/store"
+)
+
+// txn is the view a transaction function has of the store: reads see the
+// committed database, the writes of earlier transactions in the same group,
+// and the function's own writes. Writes are buffered per transaction and
+// folded into the group batch only if the function succeeds.
+type txn struct {
+	e *Engine
+	b *pebble.Batch // the group's indexed batch
+
+	ops     []op
+	own     map[string]int // key -> index in ops of its latest write
+	touched map[store.ID]store.Mailbox
+	added   []store.ID // mailboxes first touched by the current transaction
+}
+
+type op struct {
+	key, value []byte
+	del        bool
+	rangeEnd   []byte // non-nil: delete [key, rangeEnd)
+}
+
+func (t *txn) begin() {
+	t.ops = t.ops[:0]
+	t.own = make(map[string]int)
+	t.added = t.added[:0]
+}
+
+func (t *txn) rollback() {
+	for _, id := range t.added {
+		delete(t.touched, id)
+	}
+}
+
+func (t *txn) apply() {
+	for _, o := range t.ops {
+		var err error
+		switch {
+		case o.rangeEnd != nil:
+			err = t.b.DeleteRange(o.key, o.rangeEnd, nil)
+		case o.del:
+			err = t.b.Delete(o.key, nil)
+		default:
+			err = t.b.Set(o.key, o.value, nil)
+		}
+		if err != nil {
+			// Batch writes fail only on programming errors (closed batch).
+			panic(fmt.Sprintf("embedded: batch write: %v", err))
+		}
+	}
+}
+
+// get returns the value at k as this transaction sees it.
+func (t *txn) get(k []byte) ([]byte, error) {
+	if i, ok := t.own[string(k)]; ok {
+		if t.ops[i].del {
+			return nil, store.ErrNotFound
+		}
+		return t.ops[i].value, nil
+	}
+	return t.e.get(t.b, k)
+}
+
+func (t *txn) exists(k []byte) (bool, error) {
+	_, err := t.get(k)
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+func (t *txn) set(k, v []byte) {
+	t.own[string(k)] = len(t.ops)
+	t.ops = append(t.ops, op{key: k, value: v})
+}
+
+func (t *txn) del(k []byte) {
+	t.own[string(k)] = len(t.ops)
+	t.ops = append(t.ops, op{key: k, del: true})
+}
+
+// deletePrefix deletes every key with prefix p. Reads of such keys within
+// the same transaction are not supported (callers never need them).
+func (t *txn) deletePrefix(p []byte) {
+	t.ops = append(t.ops, op{key: p, rangeEnd: prefixEnd(p)})
+}
+
+// scan calls fn for every committed-or-grouped key with prefix p (not the
+// transaction's own writes).
+func (t *txn) scan(p []byte, fn func(k, v []byte) error) error {
+	it, err := t.b.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: prefixEnd(p)})
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	for it.First(); it.Valid(); it.Next() {
+		if err := fn(it.Key(), it.Value()); err != nil {
+			return err
+		}
+	}
+	return it.Error()
+}
+
+// mailbox reads a mailbox record for update and fences it: its pre-group
+// state is what readers see until the group is durable.
+func (t *txn) mailbox(id store.ID) (store.Mailbox, error) {
+	v, err := t.get(mailboxKey(id))
+	if err != nil {
+		return store.Mailbox{}, err
+	}
+	m, err := decodeMailbox(v)
+	if err != nil {
+		return m, err
+	}
+	if _, ok := t.touched[id]; !ok {
+		t.touched[id] = m
+		t.added = append(t.added, id)
+	}
+	return m, nil
+}
+
+func (t *txn) putMailbox(m store.Mailbox) { t.set(mailboxKey(m.ID), encodeMailbox(m)) }
+
+func (t *txn) usage(user string) (store.Usage, error) {
+	v, err := t.get(usageKey(user))
+	if errors.Is(err, store.ErrNotFound) {
+		return store.Usage{}, nil
+	}
+	if err != nil {
+		return store.Usage{}, err
+	}
+	return decodeUsage(v)
+}
+
+func (t *txn) addUsage(user string, bytes, msgs int64) error {
+	u, err := t.usage(user)
+	if err != nil {
+		return err
+	}
+	u.Bytes += bytes
+	u.Messages += msgs
+	t.set(usageKey(user), encodeUsage(u))
+	return nil
+}
+
+// addBlobRef adjusts a blob's reference count by delta, deleting the blob
+// when it drops to zero and its pending mark when it is first referenced.
+func (t *txn) addBlobRef(id store.ID, delta int64) error {
+	v, err := t.get(blobKey(id))
+	if err != nil {
+		return fmt.Errorf("blob %s: %w", id, err)
+	}
+	r, err := decodeBlob(v)
+	if err != nil {
+		return err
+	}
+	if r.Refs == 0 && delta > 0 {
+		t.del(pendingKey(id))
+	}
+	r.Refs += delta
+	if r.Refs <= 0 {
+		t.del(blobKey(id))
+		t.deletePrefix(chunkPrefix(id))
+		return nil
+	}
+	t.set(blobKey(id), encodeBlob(r))
+	return nil
+}

@@ -1,0 +1,267 @@
+// Package store defines the storage contract the rest of Quill uses: users
+// and aliases, mailboxes with their IMAP counters, messages, shared body
+// blobs, a per-mailbox change log and quota usage. Engines live beneath it
+// (embedded/, later cassandra/) and all pass the conformance suite in
+// storetest.
+//
+// Invariants every engine upholds, whatever the number of processes using
+// it at once (an engine may not rely on one process holding locks):
+//
+//   - Within a mailbox, UIDs and MODSEQs are strictly increasing in the order
+//     in which any reader can observe them, and a UID is never reused under
+//     one UIDVALIDITY.
+//   - A successful Append, SetFlags or Expunge is durable when it returns.
+//   - A blob is deleted only after the last message referencing it is gone.
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"time"
+)
+
+// Errors, classified for callers with errors.Is. Engines wrap them with %w.
+var (
+	ErrNotFound = errors.New("store: not found")
+	ErrExists   = errors.New("store: already exists")
+	// ErrOverQuota: an Append with CheckQuota would exceed the user's quota.
+	ErrOverQuota = errors.New("store: over quota")
+	// ErrConflict: a concurrent change made the operation invalid (for
+	// example a mailbox renamed onto a name created meanwhile).
+	ErrConflict = errors.New("store: conflict")
+	// ErrInvalid: the request itself is malformed (empty name, bad flag).
+	ErrInvalid = errors.New("store: invalid argument")
+)
+
+// ID identifies mailboxes and blobs: 128 random bits, unique without
+// coordination between nodes.
+type ID [16]byte
+
+// NewID returns a fresh random ID.
+func NewID() ID {
+	var id ID
+	if _, err := rand.Read(id[:]); err != nil {
+		panic("store: crypto/rand failed: " + err.Error())
+	}
+	return id
+}
+
+func (id ID) String() string { return hex.EncodeToString(id[:]) }
+
+// IsZero reports whether id is the zero ID.
+func (id ID) IsZero() bool { return id == ID{} }
+
+// ParseID parses the String form of an ID.
+func ParseID(s string) (ID, error) {
+	var id ID
+	b, err := hex.DecodeString(s)
+	if err != nil || len(b) != len(id) {
+		return id, ErrInvalid
+	}
+	copy(id[:], b)
+	return id, nil
+}
+
+// UserStatus is an account's state.
+type UserStatus uint8
+
+const (
+	UserActive   UserStatus = iota
+	UserDisabled            // may not log in; mail to it is refused
+)
+
+// User is an account. Address is the normalized address and the key.
+type User struct {
+	Address      string
+	PasswordHash string // PHC string (argon2id), never a plain password
+	QuotaBytes   int64  // 0 means unlimited
+	Status       UserStatus
+	Created      time.Time
+}
+
+// Mailbox is a user's folder with its RFC 3501/9051 counters.
+type Mailbox struct {
+	ID            ID
+	User          string
+	Name          string // full hierarchical name, "/"-delimited; "INBOX" for the inbox
+	SpecialUse    string // RFC 6154 attribute such as `\Sent`, or ""
+	Subscribed    bool
+	UIDValidity   uint32
+	UIDNext       uint32
+	HighestModSeq uint64
+	Messages      uint32 // number of messages
+	Size          int64  // octets of all messages
+}
+
+// Standard IMAP system flags (RFC 3501 section 2.3.2). \Recent is session
+// state and never stored.
+const (
+	FlagSeen     = `\Seen`
+	FlagAnswered = `\Answered`
+	FlagFlagged  = `\Flagged`
+	FlagDeleted  = `\Deleted`
+	FlagDraft    = `\Draft`
+)
+
+// Message is one message in a mailbox.
+type Message struct {
+	UID          uint32
+	ModSeq       uint64
+	Flags        []string // sorted, no duplicates
+	InternalDate time.Time
+	Size         int64
+	Blob         ID
+	// Meta is pre-computed metadata (envelope, body structure, selected
+	// header fields) owned and encoded by the layer above; engines store it
+	// opaquely so that metadata fetches never re-read the body.
+	Meta []byte
+}
+
+// NewMessage is a message to append; the engine assigns UID and ModSeq.
+type NewMessage struct {
+	Blob         ID
+	Size         int64
+	Flags        []string
+	InternalDate time.Time
+	Meta         []byte
+}
+
+// AppendOptions qualify an Append.
+type AppendOptions struct {
+	// CheckQuota makes Append fail with ErrOverQuota when the new messages
+	// would take the user's usage over its quota.
+	CheckQuota bool
+}
+
+// FlagOp is how SetFlags combines the given flags with a message's flags.
+type FlagOp uint8
+
+const (
+	FlagsReplace FlagOp = iota
+	FlagsAdd
+	FlagsRemove
+)
+
+// FlagChange asks to change the flags of UIDs (RFC 3501 STORE, RFC 7162
+// UNCHANGEDSINCE).
+type FlagChange struct {
+	UIDs  []uint32 // ascending
+	Op    FlagOp
+	Flags []string
+	// UnchangedSince, when non-zero, leaves alone (and reports in
+	// FlagResult.Failed) every message whose ModSeq is greater.
+	UnchangedSince uint64
+}
+
+// FlagResult reports a SetFlags.
+type FlagResult struct {
+	Changed []Message // the messages whose flags changed, with their new ModSeq
+	Failed  []uint32  // UIDs that failed the UnchangedSince test
+}
+
+// ChangeKind says what a change log entry records.
+type ChangeKind uint8
+
+const (
+	ChangeAdded ChangeKind = iota + 1
+	ChangeFlags
+	ChangeExpunged
+)
+
+// Change is one change log entry: the UID whose state changed at ModSeq.
+type Change struct {
+	ModSeq uint64
+	UID    uint32
+	Kind   ChangeKind
+}
+
+// Usage is a user's quota usage over all mailboxes.
+type Usage struct {
+	Bytes    int64
+	Messages int64
+}
+
+// MailboxOptions qualify CreateMailbox.
+type MailboxOptions struct {
+	SpecialUse string
+	Subscribed bool
+}
+
+// Store is the storage contract. Every method is safe for concurrent use.
+type Store interface {
+	// CreateUser creates u with an INBOX; ErrExists if the address is taken
+	// by a user or an alias.
+	CreateUser(ctx context.Context, u User) error
+	GetUser(ctx context.Context, address string) (User, error)
+	// UpdateUser replaces the mutable fields (PasswordHash, QuotaBytes,
+	// Status) of an existing user.
+	UpdateUser(ctx context.Context, u User) error
+	// DeleteUser removes the user, its aliases, mailboxes and messages.
+	DeleteUser(ctx context.Context, address string) error
+	// ListUsers returns up to limit users with Address > after, ascending.
+	ListUsers(ctx context.Context, after string, limit int) ([]User, error)
+
+	// CreateAlias makes alias deliver to target, an existing user.
+	CreateAlias(ctx context.Context, alias, target string) error
+	DeleteAlias(ctx context.Context, alias string) error
+	// ListAliases returns every alias and its target, ordered by alias.
+	ListAliases(ctx context.Context) ([][2]string, error)
+	// Resolve maps an address to the user it delivers to: a user's own
+	// address, or an alias's target. ErrNotFound otherwise.
+	Resolve(ctx context.Context, address string) (string, error)
+
+	CreateMailbox(ctx context.Context, user, name string, opts MailboxOptions) (Mailbox, error)
+	GetMailbox(ctx context.Context, user, name string) (Mailbox, error)
+	// GetMailboxByID returns a mailbox's current state.
+	GetMailboxByID(ctx context.Context, id ID) (Mailbox, error)
+	ListMailboxes(ctx context.Context, user string) ([]Mailbox, error)
+	// RenameMailbox renames a mailbox and its inferiors; the IDs and
+	// contents stay (RFC 3501 section 6.3.5). Renaming INBOX is the layer
+	// above's business: this call refuses it with ErrInvalid.
+	RenameMailbox(ctx context.Context, user, from, to string) error
+	// DeleteMailbox deletes a mailbox and its messages; INBOX cannot be
+	// deleted (ErrInvalid).
+	DeleteMailbox(ctx context.Context, user, name string) error
+	SetSubscribed(ctx context.Context, user, name string, subscribed bool) error
+
+	// PutBlob stores a body and returns its ID and size. It fails without
+	// storing anything if r yields more than maxSize bytes or a read error
+	// (returned wrapped). The blob is durable no later than the first
+	// successful Append referencing it; a blob no message references is
+	// reclaimed.
+	PutBlob(ctx context.Context, r io.Reader, maxSize int64) (ID, int64, error)
+	// OpenBlob returns a reader over a blob.
+	OpenBlob(ctx context.Context, id ID) (BlobReader, error)
+
+	// Append appends messages to a mailbox in order, assigning consecutive
+	// UIDs and one new ModSeq, and returns them as stored. Each appended
+	// message holds a reference to its blob.
+	Append(ctx context.Context, mailbox ID, msgs []NewMessage, opts AppendOptions) ([]Message, error)
+	// ListMessages returns up to limit messages with UID >= from, ascending.
+	ListMessages(ctx context.Context, mailbox ID, from uint32, limit int) ([]Message, error)
+	GetMessage(ctx context.Context, mailbox ID, uid uint32) (Message, error)
+	SetFlags(ctx context.Context, mailbox ID, change FlagChange) (FlagResult, error)
+	// Expunge removes the given UIDs (missing ones are ignored) and returns
+	// the UIDs removed, ascending, and the ModSeq of the expunge.
+	Expunge(ctx context.Context, mailbox ID, uids []uint32) ([]uint32, uint64, error)
+	// Changes returns up to limit change log entries with ModSeq > since,
+	// ascending.
+	Changes(ctx context.Context, mailbox ID, since uint64, limit int) ([]Change, error)
+
+	Usage(ctx context.Context, user string) (Usage, error)
+
+	// Check verifies the engine's internal consistency (counters agree with
+	// contents, every reference resolves) and returns the problems found.
+	Check(ctx context.Context) ([]string, error)
+	Close() error
+}
+
+// BlobReader reads a stored body. It is not safe for concurrent use.
+type BlobReader interface {
+	io.ReadSeekCloser
+	io.ReaderAt
+	Size() int64
+}

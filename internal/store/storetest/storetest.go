@@ -1,0 +1,644 @@
+// Package storetest is the conformance suite every store engine must pass.
+// It uses only the store.Store contract and assumes nothing about how many
+// processes share the store: concurrency is exercised through the contract
+// and invariants are checked by what a reader can observe.
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"quill/internal/store"
+)
+
+// Factory returns a fresh, empty store for one test; the suite closes it.
+type Factory func(t *testing.T) store.Store
+
+// Run runs the whole suite.
+func Run(t *testing.T, newStore Factory) {
+	tests := []struct {
+		name string
+		fn   func(*testing.T, store.Store)
+	}{
+		{"Users", testUsers},
+		{"Aliases", testAliases},
+		{"Mailboxes", testMailboxes},
+		{"Rename", testRename},
+		{"UIDValidityNeverRepeats", testUIDValidity},
+		{"Blobs", testBlobs},
+		{"Append", testAppend},
+		{"Quota", testQuota},
+		{"Flags", testFlags},
+		{"Expunge", testExpunge},
+		{"SharedBlob", testSharedBlob},
+		{"DeleteUser", testDeleteUser},
+		{"ConcurrentAppendOrder", testConcurrentAppend},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStore(t)
+			defer func() {
+				problems, err := s.Check(context.Background())
+				if err != nil {
+					t.Errorf("Check: %v", err)
+				}
+				for _, p := range problems {
+					t.Errorf("Check: %s", p)
+				}
+				if err := s.Close(); err != nil {
+					t.Errorf("Close: %v", err)
+				}
+			}()
+			tc.fn(t, s)
+		})
+	}
+}
+
+func ctx() context.Context { return context.Background() }
+
+func mustUser(t *testing.T, s store.Store, addr string, quota int64) {
+	t.Helper()
+	if err := s.CreateUser(ctx(), store.User{Address: addr, PasswordHash: "h", QuotaBytes: quota}); err != nil {
+		t.Fatalf("CreateUser(%s): %v", addr, err)
+	}
+}
+
+func mustMailbox(t *testing.T, s store.Store, user, name string) store.Mailbox {
+	t.Helper()
+	m, err := s.GetMailbox(ctx(), user, name)
+	if err != nil {
+		t.Fatalf("GetMailbox(%s, %s): %v", user, name, err)
+	}
+	return m
+}
+
+func mustBlob(t *testing.T, s store.Store, body string) (store.ID, int64) {
+	t.Helper()
+	id, n, err := s.PutBlob(ctx(), strings.NewReader(body), 0)
+	if err != nil {
+		t.Fatalf("PutBlob: %v", err)
+	}
+	if n != int64(len(body)) {
+		t.Fatalf("PutBlob size = %d, want %d", n, len(body))
+	}
+	return id, n
+}
+
+func mustAppend(t *testing.T, s store.Store, mbox store.ID, bodies ...string) []store.Message {
+	t.Helper()
+	var msgs []store.NewMessage
+	for _, b := range bodies {
+		id, n := mustBlob(t, s, b)
+		msgs = append(msgs, store.NewMessage{Blob: id, Size: n, InternalDate: time.Now()})
+	}
+	out, err := s.Append(ctx(), mbox, msgs, store.AppendOptions{})
+	if err != nil {
+		t.Fatalf("Append: %v", err)
+	}
+	return out
+}
+
+func wantErr(t *testing.T, what string, err, target error) {
+	t.Helper()
+	if !errors.Is(err, target) {
+		t.Fatalf("%s: err = %v, want %v", what, err, target)
+	}
+}
+
+func testUsers(t *testing.T, s store.Store) {
+	mustUser(t, s, "alice@example.test", 1000)
+	wantErr(t, "duplicate user", s.CreateUser(ctx(), store.User{Address: "alice@example.test"}), store.ErrExists)
+	u, err := s.GetUser(ctx(), "alice@example.test")
+	if err != nil || u.Address != "alice@example.test" || u.PasswordHash != "h" || u.QuotaBytes != 1000 || u.Status != store.UserActive {
+		t.Fatalf("GetUser = %+v, %v", u, err)
+	}
+	_, err = s.GetUser(ctx(), "nobody@example.test")
+	wantErr(t, "GetUser(missing)", err, store.ErrNotFound)
+
+	u.PasswordHash, u.QuotaBytes, u.Status = "h2", 0, store.UserDisabled
+	if err := s.UpdateUser(ctx(), u); err != nil {
+		t.Fatal(err)
+	}
+	if u2, _ := s.GetUser(ctx(), u.Address); u2.PasswordHash != "h2" || u2.QuotaBytes != 0 || u2.Status != store.UserDisabled {
+		t.Fatalf("after UpdateUser: %+v", u2)
+	}
+	wantErr(t, "UpdateUser(missing)", s.UpdateUser(ctx(), store.User{Address: "x@example.test"}), store.ErrNotFound)
+	wantErr(t, "CreateUser(empty)", s.CreateUser(ctx(), store.User{}), store.ErrInvalid)
+
+	for i := 0; i < 25; i++ {
+		mustUser(t, s, fmt.Sprintf("u%02d@example.test", i), 0)
+	}
+	var all []string
+	after := ""
+	for {
+		page, err := s.ListUsers(ctx(), after, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		for _, u := range page {
+			all = append(all, u.Address)
+		}
+		after = page[len(page)-1].Address
+	}
+	if len(all) != 26 || !slices.IsSorted(all) || all[0] != "alice@example.test" {
+		t.Fatalf("ListUsers paged = %v", all)
+	}
+	if u, _ := s.Usage(ctx(), "u00@example.test"); u != (store.Usage{}) {
+		t.Fatalf("Usage of new user = %+v", u)
+	}
+	_, err = s.Usage(ctx(), "nobody@example.test")
+	wantErr(t, "Usage(missing)", err, store.ErrNotFound)
+}
+
+func testAliases(t *testing.T, s store.Store) {
+	mustUser(t, s, "bob@example.test", 0)
+	if err := s.CreateAlias(ctx(), "robert@example.test", "bob@example.test"); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, "alias onto user", s.CreateAlias(ctx(), "bob@example.test", "bob@example.test"), store.ErrExists)
+	wantErr(t, "duplicate alias", s.CreateAlias(ctx(), "robert@example.test", "bob@example.test"), store.ErrExists)
+	wantErr(t, "alias to missing", s.CreateAlias(ctx(), "x@example.test", "nobody@example.test"), store.ErrNotFound)
+	wantErr(t, "user onto alias", s.CreateUser(ctx(), store.User{Address: "robert@example.test"}), store.ErrExists)
+
+	for addr, want := range map[string]string{"bob@example.test": "bob@example.test", "robert@example.test": "bob@example.test"} {
+		if got, err := s.Resolve(ctx(), addr); err != nil || got != want {
+			t.Fatalf("Resolve(%s) = %q, %v", addr, got, err)
+		}
+	}
+	_, err := s.Resolve(ctx(), "nobody@example.test")
+	wantErr(t, "Resolve(missing)", err, store.ErrNotFound)
+	list, err := s.ListAliases(ctx())
+	if err != nil || len(list) != 1 || list[0] != [2]string{"robert@example.test", "bob@example.test"} {
+		t.Fatalf("ListAliases = %v, %v", list, err)
+	}
+	if err := s.DeleteAlias(ctx(), "robert@example.test"); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, "DeleteAlias twice", s.DeleteAlias(ctx(), "robert@example.test"), store.ErrNotFound)
+	_, err = s.Resolve(ctx(), "robert@example.test")
+	wantErr(t, "Resolve(deleted alias)", err, store.ErrNotFound)
+}
+
+func testMailboxes(t *testing.T, s store.Store) {
+	const u = "carol@example.test"
+	mustUser(t, s, u, 0)
+	inbox := mustMailbox(t, s, u, "INBOX")
+	if inbox.UIDNext != 1 || inbox.UIDValidity == 0 || inbox.Messages != 0 || !inbox.Subscribed {
+		t.Fatalf("new INBOX = %+v", inbox)
+	}
+	if m := mustMailbox(t, s, u, "inbox"); m.ID != inbox.ID {
+		t.Fatal("INBOX is not case-insensitive")
+	}
+	_, err := s.CreateMailbox(ctx(), u, "Inbox", store.MailboxOptions{})
+	wantErr(t, "CreateMailbox(Inbox)", err, store.ErrExists)
+	sent, err := s.CreateMailbox(ctx(), u, "Sent", store.MailboxOptions{SpecialUse: `\Sent`, Subscribed: true})
+	if err != nil || sent.SpecialUse != `\Sent` || sent.ID == inbox.ID || sent.UIDValidity == 0 {
+		t.Fatalf("CreateMailbox(Sent) = %+v, %v", sent, err)
+	}
+	_, err = s.CreateMailbox(ctx(), u, "Sent", store.MailboxOptions{})
+	wantErr(t, "duplicate mailbox", err, store.ErrExists)
+	_, err = s.CreateMailbox(ctx(), "nobody@example.test", "X", store.MailboxOptions{})
+	wantErr(t, "mailbox of missing user", err, store.ErrNotFound)
+	for _, bad := range []string{"", "/a", "a/", "a//b", "a\x00b"} {
+		_, err = s.CreateMailbox(ctx(), u, bad, store.MailboxOptions{})
+		wantErr(t, fmt.Sprintf("CreateMailbox(%q)", bad), err, store.ErrInvalid)
+	}
+	if _, err := s.CreateMailbox(ctx(), u, "Archive/2026", store.MailboxOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	list, err := s.ListMailboxes(ctx(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, m := range list {
+		names = append(names, m.Name)
+	}
+	if !slices.Equal(names, []string{"Archive/2026", "INBOX", "Sent"}) {
+		t.Fatalf("ListMailboxes = %v", names)
+	}
+	if err := s.SetSubscribed(ctx(), u, "Sent", false); err != nil {
+		t.Fatal(err)
+	}
+	if m := mustMailbox(t, s, u, "Sent"); m.Subscribed {
+		t.Fatal("SetSubscribed(false) did not stick")
+	}
+	byID, err := s.GetMailboxByID(ctx(), sent.ID)
+	if err != nil || byID.Name != "Sent" || byID.User != u {
+		t.Fatalf("GetMailboxByID = %+v, %v", byID, err)
+	}
+	wantErr(t, "DeleteMailbox(INBOX)", s.DeleteMailbox(ctx(), u, "INBOX"), store.ErrInvalid)
+	mustAppend(t, s, sent.ID, "sent message\r\n")
+	if err := s.DeleteMailbox(ctx(), u, "Sent"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.GetMailbox(ctx(), u, "Sent")
+	wantErr(t, "GetMailbox(deleted)", err, store.ErrNotFound)
+	_, err = s.GetMailboxByID(ctx(), sent.ID)
+	wantErr(t, "GetMailboxByID(deleted)", err, store.ErrNotFound)
+	if us, _ := s.Usage(ctx(), u); us != (store.Usage{}) {
+		t.Fatalf("usage after deleting the only non-empty mailbox = %+v", us)
+	}
+}
+
+func testRename(t *testing.T, s store.Store) {
+	const u = "dave@example.test"
+	mustUser(t, s, u, 0)
+	for _, n := range []string{"Work", "Work/A", "Work/A/B", "Workshop", "Other"} {
+		if _, err := s.CreateMailbox(ctx(), u, n, store.MailboxOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := mustMailbox(t, s, u, "Work/A")
+	msgs := mustAppend(t, s, a.ID, "hello\r\n")
+	if err := s.RenameMailbox(ctx(), u, "Work", "Jobs"); err != nil {
+		t.Fatal(err)
+	}
+	list, _ := s.ListMailboxes(ctx(), u)
+	var names []string
+	for _, m := range list {
+		names = append(names, m.Name)
+	}
+	if !slices.Equal(names, []string{"INBOX", "Jobs", "Jobs/A", "Jobs/A/B", "Other", "Workshop"}) {
+		t.Fatalf("after rename: %v", names)
+	}
+	moved := mustMailbox(t, s, u, "Jobs/A")
+	if moved.ID != a.ID || moved.UIDValidity != a.UIDValidity || moved.Messages != 1 {
+		t.Fatalf("renamed mailbox lost identity or contents: %+v", moved)
+	}
+	if got, err := s.GetMessage(ctx(), moved.ID, msgs[0].UID); err != nil || got.Blob != msgs[0].Blob {
+		t.Fatalf("message after rename: %+v, %v", got, err)
+	}
+	wantErr(t, "rename onto existing", s.RenameMailbox(ctx(), u, "Jobs", "Other"), store.ErrExists)
+	wantErr(t, "rename missing", s.RenameMailbox(ctx(), u, "Nope", "Nope2"), store.ErrNotFound)
+	wantErr(t, "rename INBOX", s.RenameMailbox(ctx(), u, "INBOX", "Old"), store.ErrInvalid)
+	wantErr(t, "rename into itself", s.RenameMailbox(ctx(), u, "Jobs", "Jobs/Sub"), store.ErrInvalid)
+}
+
+func testUIDValidity(t *testing.T, s store.Store) {
+	const u = "erin@example.test"
+	mustUser(t, s, u, 0)
+	seen := map[uint32]bool{mustMailbox(t, s, u, "INBOX").UIDValidity: true}
+	for i := 0; i < 5; i++ {
+		m, err := s.CreateMailbox(ctx(), u, "Temp", store.MailboxOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[m.UIDValidity] {
+			t.Fatalf("UIDVALIDITY %d handed out twice", m.UIDValidity)
+		}
+		seen[m.UIDValidity] = true
+		if err := s.DeleteMailbox(ctx(), u, "Temp"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func testBlobs(t *testing.T, s store.Store) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, size := range []int{0, 1, 4700, 256 << 10, 256<<10 + 1, 1<<20 + 12345} {
+		body := make([]byte, size)
+		for i := range body {
+			body[i] = byte(rng.IntN(256))
+		}
+		id, n, err := s.PutBlob(ctx(), bytes.NewReader(body), 0)
+		if err != nil || n != int64(size) {
+			t.Fatalf("PutBlob(%d) = %d, %v", size, n, err)
+		}
+		r, err := s.OpenBlob(ctx(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Size() != int64(size) {
+			t.Fatalf("Size = %d, want %d", r.Size(), size)
+		}
+		got, err := io.ReadAll(r)
+		if err != nil || !bytes.Equal(got, body) {
+			t.Fatalf("ReadAll of %d-byte blob: %d bytes, %v", size, len(got), err)
+		}
+		for i := 0; i < 20 && size > 0; i++ {
+			off := rng.IntN(size)
+			buf := make([]byte, rng.IntN(size-off)+1)
+			if n, err := r.ReadAt(buf, int64(off)); n != len(buf) || (err != nil && err != io.EOF) || !bytes.Equal(buf, body[off:off+len(buf)]) {
+				t.Fatalf("ReadAt(%d, %d) = %d, %v", off, len(buf), n, err)
+			}
+		}
+		if _, err := r.Seek(int64(size/2), io.SeekStart); err != nil {
+			t.Fatal(err)
+		}
+		if rest, _ := io.ReadAll(r); !bytes.Equal(rest, body[size/2:]) {
+			t.Fatal("read after Seek differs")
+		}
+		r.Close()
+	}
+	_, _, err := s.PutBlob(ctx(), strings.NewReader(strings.Repeat("x", 1000)), 999)
+	if err == nil {
+		t.Fatal("PutBlob over maxSize succeeded")
+	}
+	boom := errors.New("connection reset")
+	_, _, err = s.PutBlob(ctx(), io.MultiReader(strings.NewReader("partial"), errReader{boom}), 0)
+	wantErr(t, "PutBlob with failing reader", err, boom)
+	_, err = s.OpenBlob(ctx(), store.NewID())
+	wantErr(t, "OpenBlob(missing)", err, store.ErrNotFound)
+}
+
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) { return 0, r.err }
+
+func testAppend(t *testing.T, s store.Store) {
+	const u = "frank@example.test"
+	mustUser(t, s, u, 0)
+	inbox := mustMailbox(t, s, u, "INBOX")
+	first := mustAppend(t, s, inbox.ID, "one\r\n")
+	batch := mustAppend(t, s, inbox.ID, "two\r\n", "three!\r\n")
+	if first[0].UID != 1 || batch[0].UID != 2 || batch[1].UID != 3 {
+		t.Fatalf("UIDs = %d, %d, %d", first[0].UID, batch[0].UID, batch[1].UID)
+	}
+	if !(first[0].ModSeq < batch[0].ModSeq && batch[0].ModSeq == batch[1].ModSeq) {
+		t.Fatalf("ModSeqs = %d, %d, %d", first[0].ModSeq, batch[0].ModSeq, batch[1].ModSeq)
+	}
+	m := mustMailbox(t, s, u, "INBOX")
+	if m.UIDNext != 4 || m.Messages != 3 || m.Size != 5+5+8 || m.HighestModSeq != batch[0].ModSeq {
+		t.Fatalf("mailbox after appends = %+v", m)
+	}
+	if us, _ := s.Usage(ctx(), u); us != (store.Usage{Bytes: 18, Messages: 3}) {
+		t.Fatalf("usage = %+v", us)
+	}
+	msgs, err := s.ListMessages(ctx(), inbox.ID, 2, 10)
+	if err != nil || len(msgs) != 2 || msgs[0].UID != 2 || msgs[1].UID != 3 {
+		t.Fatalf("ListMessages(from 2) = %+v, %v", msgs, err)
+	}
+	if msgs, _ := s.ListMessages(ctx(), inbox.ID, 1, 2); len(msgs) != 2 || msgs[1].UID != 2 {
+		t.Fatalf("ListMessages limit 2 = %+v", msgs)
+	}
+	date := time.Date(2024, 2, 29, 12, 30, 0, 0, time.UTC)
+	id, n := mustBlob(t, s, "flagged\r\n")
+	got, err := s.Append(ctx(), inbox.ID, []store.NewMessage{{
+		Blob: id, Size: n, InternalDate: date, Flags: []string{`\Seen`, "$Label1", `\Seen`}, Meta: []byte("meta"),
+	}}, store.AppendOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := s.GetMessage(ctx(), inbox.ID, got[0].UID)
+	if err != nil || !back.InternalDate.Equal(date) || !slices.Equal(back.Flags, []string{"$Label1", `\Seen`}) ||
+		string(back.Meta) != "meta" || back.Size != n || back.Blob != id {
+		t.Fatalf("GetMessage = %+v, %v", back, err)
+	}
+	_, err = s.GetMessage(ctx(), inbox.ID, 99)
+	wantErr(t, "GetMessage(missing)", err, store.ErrNotFound)
+	_, err = s.Append(ctx(), store.NewID(), []store.NewMessage{{Blob: id, Size: n}}, store.AppendOptions{})
+	wantErr(t, "Append to missing mailbox", err, store.ErrNotFound)
+	_, err = s.Append(ctx(), inbox.ID, []store.NewMessage{{Blob: id, Size: n, Flags: []string{`\Recent`}}}, store.AppendOptions{})
+	wantErr(t, `Append with \Recent`, err, store.ErrInvalid)
+	_, err = s.Append(ctx(), inbox.ID, []store.NewMessage{{Blob: store.NewID(), Size: 1}}, store.AppendOptions{})
+	wantErr(t, "Append of missing blob", err, store.ErrNotFound)
+	changes, err := s.Changes(ctx(), inbox.ID, 0, 100)
+	if err != nil || len(changes) != 4 {
+		t.Fatalf("Changes = %+v, %v", changes, err)
+	}
+	for i, c := range changes {
+		if c.Kind != store.ChangeAdded || c.UID != uint32(i+1) {
+			t.Fatalf("change %d = %+v", i, c)
+		}
+	}
+	if later, _ := s.Changes(ctx(), inbox.ID, first[0].ModSeq, 100); len(later) != 3 {
+		t.Fatalf("Changes since %d = %+v", first[0].ModSeq, later)
+	}
+}
+
+func testQuota(t *testing.T, s store.Store) {
+	const u = "gina@example.test"
+	mustUser(t, s, u, 100)
+	inbox := mustMailbox(t, s, u, "INBOX")
+	small, n := mustBlob(t, s, strings.Repeat("a", 60))
+	if _, err := s.Append(ctx(), inbox.ID, []store.NewMessage{{Blob: small, Size: n}}, store.AppendOptions{CheckQuota: true}); err != nil {
+		t.Fatal(err)
+	}
+	big, n := mustBlob(t, s, strings.Repeat("b", 41))
+	_, err := s.Append(ctx(), inbox.ID, []store.NewMessage{{Blob: big, Size: n}}, store.AppendOptions{CheckQuota: true})
+	wantErr(t, "Append over quota", err, store.ErrOverQuota)
+	if _, err := s.Append(ctx(), inbox.ID, []store.NewMessage{{Blob: big, Size: n}}, store.AppendOptions{}); err != nil {
+		t.Fatalf("Append without CheckQuota: %v", err)
+	}
+	if us, _ := s.Usage(ctx(), u); us.Bytes != 101 || us.Messages != 2 {
+		t.Fatalf("usage = %+v", us)
+	}
+}
+
+func testFlags(t *testing.T, s store.Store) {
+	const u = "hank@example.test"
+	mustUser(t, s, u, 0)
+	inbox := mustMailbox(t, s, u, "INBOX")
+	msgs := mustAppend(t, s, inbox.ID, "1\r\n", "2\r\n", "3\r\n")
+	base := msgs[0].ModSeq
+	res, err := s.SetFlags(ctx(), inbox.ID, store.FlagChange{UIDs: []uint32{1, 2, 99}, Op: store.FlagsAdd, Flags: []string{`\Seen`}})
+	if err != nil || len(res.Changed) != 2 || res.Changed[0].ModSeq <= base || len(res.Failed) != 0 {
+		t.Fatalf("SetFlags add = %+v, %v", res, err)
+	}
+	m1 := res.Changed[0].ModSeq
+	// Adding a flag that is already there changes nothing and uses no MODSEQ.
+	res, err = s.SetFlags(ctx(), inbox.ID, store.FlagChange{UIDs: []uint32{1}, Op: store.FlagsAdd, Flags: []string{`\Seen`}})
+	if err != nil || len(res.Changed) != 0 {
+		t.Fatalf("idempotent SetFlags = %+v, %v", res, err)
+	}
+	res, err = s.SetFlags(ctx(), inbox.ID, store.FlagChange{UIDs: []uint32{1, 3}, Op: store.FlagsReplace, Flags: []string{`\Flagged`, "Work"}, UnchangedSince: base})
+	if err != nil || len(res.Changed) != 1 || res.Changed[0].UID != 3 || !slices.Equal(res.Failed, []uint32{1}) {
+		t.Fatalf("SetFlags UNCHANGEDSINCE = %+v, %v", res, err)
+	}
+	m2 := res.Changed[0].ModSeq
+	if m2 <= m1 {
+		t.Fatalf("MODSEQ did not increase: %d then %d", m1, m2)
+	}
+	res, err = s.SetFlags(ctx(), inbox.ID, store.FlagChange{UIDs: []uint32{3}, Op: store.FlagsRemove, Flags: []string{"Work"}})
+	if err != nil || len(res.Changed) != 1 || !slices.Equal(res.Changed[0].Flags, []string{`\Flagged`}) {
+		t.Fatalf("SetFlags remove = %+v, %v", res, err)
+	}
+	if m := mustMailbox(t, s, u, "INBOX"); m.HighestModSeq != res.Changed[0].ModSeq {
+		t.Fatalf("HIGHESTMODSEQ = %d, want %d", m.HighestModSeq, res.Changed[0].ModSeq)
+	}
+	changes, _ := s.Changes(ctx(), inbox.ID, m1, 100)
+	if len(changes) != 1 || changes[0].UID != 3 || changes[0].Kind != store.ChangeFlags {
+		t.Fatalf("Changes since %d = %+v", m1, changes)
+	}
+	_, err = s.SetFlags(ctx(), inbox.ID, store.FlagChange{UIDs: []uint32{1}, Op: store.FlagsAdd, Flags: []string{"bad flag"}})
+	wantErr(t, "SetFlags with a space", err, store.ErrInvalid)
+}
+
+func testExpunge(t *testing.T, s store.Store) {
+	const u = "ivy@example.test"
+	mustUser(t, s, u, 0)
+	inbox := mustMailbox(t, s, u, "INBOX")
+	msgs := mustAppend(t, s, inbox.ID, "aa\r\n", "bbb\r\n", "cccc\r\n")
+	gone, modseq, err := s.Expunge(ctx(), inbox.ID, []uint32{3, 1, 77})
+	if err != nil || !slices.Equal(gone, []uint32{1, 3}) || modseq <= msgs[2].ModSeq {
+		t.Fatalf("Expunge = %v, %d, %v", gone, modseq, err)
+	}
+	m := mustMailbox(t, s, u, "INBOX")
+	if m.Messages != 1 || m.Size != 5 || m.HighestModSeq != modseq || m.UIDNext != 4 {
+		t.Fatalf("mailbox after expunge = %+v", m)
+	}
+	if us, _ := s.Usage(ctx(), u); us != (store.Usage{Bytes: 5, Messages: 1}) {
+		t.Fatalf("usage = %+v", us)
+	}
+	_, err = s.OpenBlob(ctx(), msgs[0].Blob)
+	wantErr(t, "blob of expunged message", err, store.ErrNotFound)
+	changes, _ := s.Changes(ctx(), inbox.ID, msgs[0].ModSeq, 100)
+	if len(changes) != 2 || changes[0].Kind != store.ChangeExpunged || changes[1].Kind != store.ChangeExpunged {
+		t.Fatalf("Changes after expunge = %+v", changes)
+	}
+	// Expunged UIDs are never handed out again.
+	again := mustAppend(t, s, inbox.ID, "d\r\n")
+	if again[0].UID != 4 {
+		t.Fatalf("UID after expunge = %d, want 4", again[0].UID)
+	}
+	if gone, _, err := s.Expunge(ctx(), inbox.ID, []uint32{1}); err != nil || len(gone) != 0 {
+		t.Fatalf("second expunge = %v, %v", gone, err)
+	}
+}
+
+func testSharedBlob(t *testing.T, s store.Store) {
+	mustUser(t, s, "j1@example.test", 0)
+	mustUser(t, s, "j2@example.test", 0)
+	id, n := mustBlob(t, s, "one body for two recipients\r\n")
+	var mboxes []store.ID
+	for _, u := range []string{"j1@example.test", "j2@example.test"} {
+		m := mustMailbox(t, s, u, "INBOX")
+		if _, err := s.Append(ctx(), m.ID, []store.NewMessage{{Blob: id, Size: n}}, store.AppendOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		mboxes = append(mboxes, m.ID)
+	}
+	if _, _, err := s.Expunge(ctx(), mboxes[0], []uint32{1}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.OpenBlob(ctx(), id)
+	if err != nil {
+		t.Fatalf("blob gone while still referenced: %v", err)
+	}
+	r.Close()
+	if _, _, err := s.Expunge(ctx(), mboxes[1], []uint32{1}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.OpenBlob(ctx(), id)
+	wantErr(t, "blob after last reference", err, store.ErrNotFound)
+}
+
+func testDeleteUser(t *testing.T, s store.Store) {
+	const u = "kim@example.test"
+	mustUser(t, s, u, 0)
+	mustUser(t, s, "other@example.test", 0)
+	if err := s.CreateAlias(ctx(), "k@example.test", u); err != nil {
+		t.Fatal(err)
+	}
+	inbox := mustMailbox(t, s, u, "INBOX")
+	msgs := mustAppend(t, s, inbox.ID, "x\r\n")
+	if err := s.DeleteUser(ctx(), u); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.GetUser(ctx(), u)
+	wantErr(t, "GetUser(deleted)", err, store.ErrNotFound)
+	_, err = s.Resolve(ctx(), "k@example.test")
+	wantErr(t, "alias of deleted user", err, store.ErrNotFound)
+	_, err = s.OpenBlob(ctx(), msgs[0].Blob)
+	wantErr(t, "blob of deleted user", err, store.ErrNotFound)
+	wantErr(t, "DeleteUser twice", s.DeleteUser(ctx(), u), store.ErrNotFound)
+	mustUser(t, s, u, 0)
+	if m := mustMailbox(t, s, u, "INBOX"); m.Messages != 0 || m.UIDValidity == inbox.UIDValidity {
+		t.Fatalf("re-created user's INBOX = %+v (old UIDVALIDITY %d)", m, inbox.UIDValidity)
+	}
+}
+
+// testConcurrentAppend appends from many goroutines while readers watch:
+// UIDs must be unique, and no reader may ever see a UID appear
+// below one it has already seen (UIDs increase in observation order).
+func testConcurrentAppend(t *testing.T, s store.Store) {
+	const u = "lee@example.test"
+	const writers, each = 8, 25
+	mustUser(t, s, u, 0)
+	inbox := mustMailbox(t, s, u, "INBOX")
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	errs := make(chan error, writers+2)
+	for r := 0; r < 2; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			seen := map[uint32]bool{}
+			var max uint32
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				msgs, err := s.ListMessages(ctx(), inbox.ID, 1, 1<<20)
+				if err != nil {
+					errs <- err
+					return
+				}
+				for _, m := range msgs {
+					if !seen[m.UID] && m.UID < max {
+						errs <- fmt.Errorf("reader saw UID %d appear after UID %d", m.UID, max)
+						return
+					}
+					seen[m.UID] = true
+					if m.UID > max {
+						max = m.UID
+					}
+				}
+			}
+		}()
+	}
+	var ww sync.WaitGroup
+	for w := 0; w < writers; w++ {
+		ww.Add(1)
+		go func(w int) {
+			defer ww.Done()
+			for i := 0; i < each; i++ {
+				id, n, err := s.PutBlob(ctx(), strings.NewReader(fmt.Sprintf("w%d m%d\r\n", w, i)), 0)
+				if err == nil {
+					_, err = s.Append(ctx(), inbox.ID, []store.NewMessage{{Blob: id, Size: n}}, store.AppendOptions{})
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}(w)
+	}
+	ww.Wait()
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	msgs, err := s.ListMessages(ctx(), inbox.ID, 1, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) != writers*each {
+		t.Fatalf("%d messages, want %d", len(msgs), writers*each)
+	}
+	for i, m := range msgs {
+		if i > 0 && m.UID <= msgs[i-1].UID {
+			t.Fatalf("UID %d listed after UID %d", m.UID, msgs[i-1].UID)
+		}
+		if i > 0 && m.ModSeq <= msgs[i-1].ModSeq {
+			t.Fatalf("MODSEQ not increasing with UID at %d", m.UID)
+		}
+	}
+}
