@@ -1,0 +1,226 @@
+// Package auth authenticates users: the user directory over the store, the
+// argon2id password KDF, SASL message parsing and the throttling of
+// authentication failures per remote IP and per user.
+package auth
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"quill/internal/store"
+)
+
+// UserStore is what authentication needs from the store.
+type UserStore interface {
+	Resolve(ctx context.Context, address string) (string, error)
+	GetUser(ctx context.Context, address string) (store.User, error)
+}
+
+// Options configure an Authenticator; zero values take the defaults noted.
+type Options struct {
+	// DefaultDomain completes a login name without "@" (none if empty).
+	DefaultDomain string
+	// MaxFailures within FailureWindow from one IP or for one user before
+	// further attempts are refused with ErrThrottled (default 10 per 5 min
+	// per IP, the same per user). Loopback peers are never throttled by IP.
+	MaxFailures   int
+	FailureWindow time.Duration
+	// CacheTTL is how long a verified login is remembered so that frequent
+	// POP3/IMAP logins do not each pay for the KDF (default 5 min; a
+	// negative value disables the cache). Changing the password invalidates
+	// the entry, since the stored hash is part of its key.
+	CacheTTL time.Duration
+	Logger   *slog.Logger
+	Registry prometheus.Registerer
+	Now      func() time.Time
+}
+
+// Authenticator verifies credentials. It is safe for concurrent use.
+type Authenticator struct {
+	users  UserStore
+	opts   Options
+	log    *slog.Logger
+	byIP   *throttle
+	byUser *throttle
+
+	cacheMu sync.Mutex
+	cache   map[[32]byte]time.Time // verified (user, password, hash) -> expiry
+
+	attempts *prometheus.CounterVec
+}
+
+const maxCacheEntries = 100_000
+
+// NewAuthenticator returns an Authenticator over users.
+func NewAuthenticator(users UserStore, opts Options) *Authenticator {
+	if opts.MaxFailures == 0 {
+		opts.MaxFailures = 10
+	}
+	if opts.FailureWindow == 0 {
+		opts.FailureWindow = 5 * time.Minute
+	}
+	if opts.CacheTTL == 0 {
+		opts.CacheTTL = 5 * time.Minute
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	a := &Authenticator{
+		users:  users,
+		opts:   opts,
+		log:    opts.Logger,
+		byIP:   newThrottle(opts.MaxFailures, opts.FailureWindow, 100_000, opts.Now),
+		byUser: newThrottle(opts.MaxFailures, opts.FailureWindow, 100_000, opts.Now),
+		cache:  map[[32]byte]time.Time{},
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quill_auth_attempts_total",
+			Help: "Authentication attempts by result (ok, invalid, throttled, disabled, error).",
+		}, []string{"result"}),
+	}
+	if opts.Registry != nil {
+		opts.Registry.MustRegister(a.attempts)
+	}
+	return a
+}
+
+// NormalizeLogin maps a login name to the address form the directory uses.
+func (a *Authenticator) NormalizeLogin(username string) string {
+	u := strings.ToLower(strings.TrimSpace(username))
+	if !strings.Contains(u, "@") && a.opts.DefaultDomain != "" {
+		u += "@" + strings.ToLower(a.opts.DefaultDomain)
+	}
+	return u
+}
+
+// Authenticate verifies a username (an address or alias, or a local part
+// of the default domain) and password and returns the canonical user. It
+// returns ErrInvalidCredentials, ErrThrottled or ErrDisabled, or a wrapped
+// storage error (temporary).
+func (a *Authenticator) Authenticate(ctx context.Context, username, password string, remote netip.Addr) (string, error) {
+	login := a.NormalizeLogin(username)
+	ipKey := ""
+	if remote.IsValid() && !remote.IsLoopback() {
+		ipKey = remote.Unmap().String()
+	}
+	if (ipKey != "" && a.byIP.blocked(ipKey)) || a.byUser.blocked(login) {
+		a.attempts.WithLabelValues("throttled").Inc()
+		return "", ErrThrottled
+	}
+	user, err := a.verify(ctx, login, password)
+	switch {
+	case errors.Is(err, ErrInvalidCredentials):
+		if ipKey != "" {
+			a.byIP.fail(ipKey)
+		}
+		a.byUser.fail(login)
+		a.attempts.WithLabelValues("invalid").Inc()
+		a.log.Info("authentication failed", "login", login, "remote", remote)
+		return "", err
+	case errors.Is(err, ErrDisabled):
+		a.attempts.WithLabelValues("disabled").Inc()
+		return "", err
+	case err != nil:
+		a.attempts.WithLabelValues("error").Inc()
+		return "", err
+	}
+	if ipKey != "" {
+		a.byIP.succeed(ipKey)
+	}
+	a.byUser.succeed(login)
+	a.attempts.WithLabelValues("ok").Inc()
+	return user, nil
+}
+
+func (a *Authenticator) verify(ctx context.Context, login, password string) (string, error) {
+	if login == "" || password == "" {
+		return "", ErrInvalidCredentials
+	}
+	user, err := a.users.Resolve(ctx, login)
+	if errors.Is(err, store.ErrNotFound) {
+		// Spend the KDF anyway so timing does not reveal which users exist.
+		_, _ = VerifyPassword(dummyHash(), password)
+		return "", ErrInvalidCredentials
+	}
+	if err != nil {
+		return "", fmt.Errorf("auth: resolving %s: %w", login, err)
+	}
+	u, err := a.users.GetUser(ctx, user)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", ErrInvalidCredentials
+	}
+	if err != nil {
+		return "", fmt.Errorf("auth: reading %s: %w", user, err)
+	}
+	if u.Status == store.UserDisabled {
+		return "", ErrDisabled
+	}
+	key := sha256.Sum256([]byte(u.Address + "\x00" + password + "\x00" + u.PasswordHash))
+	if a.cached(key) {
+		return u.Address, nil
+	}
+	ok, err := VerifyPassword(u.PasswordHash, password)
+	if err != nil {
+		a.log.Error("stored password hash unusable", "user", u.Address, "err", err)
+		return "", ErrInvalidCredentials
+	}
+	if !ok {
+		return "", ErrInvalidCredentials
+	}
+	a.remember(key)
+	return u.Address, nil
+}
+
+func (a *Authenticator) cached(key [32]byte) bool {
+	if a.opts.CacheTTL < 0 {
+		return false
+	}
+	a.cacheMu.Lock()
+	defer a.cacheMu.Unlock()
+	exp, ok := a.cache[key]
+	if ok && a.opts.Now().Before(exp) {
+		return true
+	}
+	delete(a.cache, key)
+	return false
+}
+
+func (a *Authenticator) remember(key [32]byte) {
+	if a.opts.CacheTTL < 0 {
+		return
+	}
+	now := a.opts.Now()
+	a.cacheMu.Lock()
+	defer a.cacheMu.Unlock()
+	if len(a.cache) >= maxCacheEntries {
+		for k, exp := range a.cache {
+			if !now.Before(exp) {
+				delete(a.cache, k)
+			}
+		}
+		if len(a.cache) >= maxCacheEntries {
+			clear(a.cache)
+		}
+	}
+	a.cache[key] = now.Add(a.opts.CacheTTL)
+}
+
+// dummyHash is verified against when a login names no user.
+var dummyHash = sync.OnceValue(func() string {
+	h, err := HashPassword("quill-dummy", DefaultKDF)
+	if err != nil {
+		panic(err)
+	}
+	return h
+})

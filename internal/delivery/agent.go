@@ -1,0 +1,245 @@
+package delivery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"quill/internal/mail"
+	"quill/internal/store"
+)
+
+// Store is what delivery needs from the store.
+type Store interface {
+	Resolve(ctx context.Context, address string) (string, error)
+	GetUser(ctx context.Context, address string) (store.User, error)
+	GetMailbox(ctx context.Context, user, name string) (store.Mailbox, error)
+	Usage(ctx context.Context, user string) (store.Usage, error)
+	PutBlob(ctx context.Context, r io.Reader, maxSize int64) (store.ID, int64, error)
+	Append(ctx context.Context, mailbox store.ID, msgs []store.NewMessage, opts store.AppendOptions) ([]store.Message, error)
+}
+
+// Notifier is told about every message appended, so that sessions waiting
+// on a mailbox (IMAP IDLE) learn of it. It must not block.
+type Notifier interface {
+	Appended(user string, mailbox store.ID, msgs []store.Message)
+}
+
+// Options configure an Agent.
+type Options struct {
+	// Domains are the local domains; mail for any other domain is relay.
+	Domains []string
+	// SubaddressSeparator, if set, lets user+detail@domain reach
+	// user@domain when no user or alias has the full address (RFC 5233).
+	SubaddressSeparator string
+	// MaxMessageBytes bounds a stored message (0: unbounded; the protocol
+	// layer bounds it too).
+	MaxMessageBytes int64
+	Notifier        Notifier
+	Logger          *slog.Logger
+	Registerer      prometheus.Registerer
+}
+
+// Agent delivers messages into local INBOXes. It is safe for concurrent use.
+type Agent struct {
+	st      Store
+	opts    Options
+	log     *slog.Logger
+	domains map[string]bool
+
+	inboxes sync.Map // user -> store.ID of its INBOX
+
+	delivered *prometheus.CounterVec
+	bytes     prometheus.Counter
+}
+
+// NewAgent returns an Agent over st.
+func NewAgent(st Store, opts Options) *Agent {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	a := &Agent{
+		st: st, opts: opts, log: opts.Logger, domains: map[string]bool{},
+		delivered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quill_deliveries_total",
+			Help: "Per-recipient delivery outcomes (ok, over_quota, error).",
+		}, []string{"result"}),
+		bytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "quill_delivered_bytes_total",
+			Help: "Bytes of message bodies stored by delivery (once per message, not per recipient).",
+		}),
+	}
+	for _, d := range opts.Domains {
+		a.domains[strings.ToLower(strings.TrimSuffix(d, "."))] = true
+	}
+	if opts.Registerer != nil {
+		opts.Registerer.MustRegister(a.delivered, a.bytes)
+	}
+	return a
+}
+
+// IsLocal reports whether domain is one of the local domains.
+func (a *Agent) IsLocal(domain string) bool {
+	return a.domains[strings.ToLower(strings.TrimSuffix(domain, "."))]
+}
+
+// Resolve checks one recipient: its domain must be local and the address a
+// user or alias (or, with subaddressing, user+detail), and the user must
+// have room for opts.Size more bytes.
+func (a *Agent) Resolve(ctx context.Context, rcpt mail.Address, opts ResolveOptions) (Recipient, error) {
+	if !a.IsLocal(rcpt.Domain) {
+		if opts.Authenticated {
+			return Recipient{}, ErrOutboundDisabled
+		}
+		return Recipient{}, ErrRelayDenied
+	}
+	addr := rcpt.Normalized()
+	user, err := a.st.Resolve(ctx, addr)
+	if errors.Is(err, store.ErrNotFound) && a.opts.SubaddressSeparator != "" {
+		local, domain, _ := strings.Cut(addr, "@")
+		if base, _, ok := strings.Cut(local, a.opts.SubaddressSeparator); ok && base != "" {
+			user, err = a.st.Resolve(ctx, base+"@"+domain)
+		}
+	}
+	if errors.Is(err, store.ErrNotFound) {
+		return Recipient{}, ErrNoSuchUser
+	}
+	if err != nil {
+		return Recipient{}, fmt.Errorf("delivery: resolving %s: %w", addr, err)
+	}
+	u, err := a.st.GetUser(ctx, user)
+	if errors.Is(err, store.ErrNotFound) {
+		return Recipient{}, ErrNoSuchUser
+	}
+	if err != nil {
+		return Recipient{}, fmt.Errorf("delivery: reading %s: %w", user, err)
+	}
+	if u.Status == store.UserDisabled {
+		return Recipient{}, ErrDisabled
+	}
+	if u.QuotaBytes > 0 {
+		if opts.Size > u.QuotaBytes {
+			return Recipient{}, ErrOverQuota
+		}
+		usage, err := a.st.Usage(ctx, user)
+		if err != nil {
+			return Recipient{}, fmt.Errorf("delivery: usage of %s: %w", user, err)
+		}
+		if usage.Bytes >= u.QuotaBytes || usage.Bytes+opts.Size > u.QuotaBytes {
+			return Recipient{}, ErrMailboxFull
+		}
+	}
+	return Recipient{Address: rcpt, User: user}, nil
+}
+
+// CheckSender reports whether the authenticated user may send as from: its
+// own address or an alias of it (RFC 6409 section 6.1).
+func (a *Agent) CheckSender(ctx context.Context, user string, from mail.Address) error {
+	if from.IsNull() {
+		return ErrSenderNotAllowed
+	}
+	owner, err := a.st.Resolve(ctx, from.Normalized())
+	if errors.Is(err, store.ErrNotFound) || (err == nil && owner != user) {
+		return ErrSenderNotAllowed
+	}
+	if err != nil {
+		return fmt.Errorf("delivery: resolving sender %s: %w", from, err)
+	}
+	return nil
+}
+
+// Deliver stores m.Body once and appends it to the INBOX of every
+// recipient. It returns one result per recipient (nil: durably delivered)
+// or, if the body could not be stored at all, an error and no results.
+// Recipients that resolve to the same user get the message once and share
+// its result.
+func (a *Agent) Deliver(ctx context.Context, m Message) ([]error, error) {
+	blob, size, err := a.st.PutBlob(ctx, m.Body, a.opts.MaxMessageBytes)
+	if err != nil {
+		return nil, fmt.Errorf("delivery: storing body: %w", err)
+	}
+	a.bytes.Add(float64(size))
+	results := make([]error, len(m.Recipients))
+	first := map[string]int{} // user -> index of its first recipient
+	var unique []int
+	for i, r := range m.Recipients {
+		if _, dup := first[r.User]; !dup {
+			first[r.User] = i
+			unique = append(unique, i)
+		}
+	}
+	nm := store.NewMessage{Blob: blob, Size: size, InternalDate: m.ReceivedAt}
+	if len(unique) == 1 {
+		results[unique[0]] = a.appendInbox(ctx, m.Recipients[unique[0]].User, nm)
+	} else {
+		// Concurrent appends land in the same commit group: one fsync for
+		// all recipients.
+		var wg sync.WaitGroup
+		for _, i := range unique {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				results[i] = a.appendInbox(ctx, m.Recipients[i].User, nm)
+			}()
+		}
+		wg.Wait()
+	}
+	for i, r := range m.Recipients {
+		results[i] = results[first[r.User]]
+		switch {
+		case results[i] == nil:
+			a.delivered.WithLabelValues("ok").Inc()
+		case errors.Is(results[i], ErrMailboxFull):
+			a.delivered.WithLabelValues("over_quota").Inc()
+		default:
+			a.delivered.WithLabelValues("error").Inc()
+			a.log.Error("delivery failed", "user", r.User, "err", results[i])
+		}
+	}
+	return results, nil
+}
+
+func (a *Agent) appendInbox(ctx context.Context, user string, nm store.NewMessage) error {
+	for attempt := 0; ; attempt++ {
+		inbox, err := a.inbox(ctx, user)
+		if err != nil {
+			return err
+		}
+		msgs, err := a.st.Append(ctx, inbox, []store.NewMessage{nm}, store.AppendOptions{CheckQuota: true})
+		switch {
+		case err == nil:
+			if a.opts.Notifier != nil {
+				a.opts.Notifier.Appended(user, inbox, msgs)
+			}
+			return nil
+		case errors.Is(err, store.ErrOverQuota):
+			return ErrMailboxFull
+		case errors.Is(err, store.ErrNotFound) && attempt == 0:
+			// The user was deleted and re-created since the INBOX was cached.
+			a.inboxes.Delete(user)
+		default:
+			return fmt.Errorf("delivery: appending for %s: %w", user, err)
+		}
+	}
+}
+
+func (a *Agent) inbox(ctx context.Context, user string) (store.ID, error) {
+	if id, ok := a.inboxes.Load(user); ok {
+		return id.(store.ID), nil
+	}
+	m, err := a.st.GetMailbox(ctx, user, "INBOX")
+	if errors.Is(err, store.ErrNotFound) {
+		return store.ID{}, ErrNoSuchUser
+	}
+	if err != nil {
+		return store.ID{}, fmt.Errorf("delivery: INBOX of %s: %w", user, err)
+	}
+	a.inboxes.Store(user, m.ID)
+	return m.ID, nil
+}

@@ -1,0 +1,200 @@
+package delivery
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"quill/internal/mail"
+	"quill/internal/store"
+	"quill/internal/store/embedded"
+)
+
+func setup(t *testing.T) (*Agent, *embedded.Engine) {
+	t.Helper()
+	e, err := embedded.Open(t.TempDir(), embedded.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if problems, _ := e.Check(context.Background()); len(problems) > 0 {
+			t.Errorf("store inconsistent: %v", problems)
+		}
+		e.Close()
+	})
+	ctx := context.Background()
+	for _, u := range []store.User{
+		{Address: "alice@example.test"},
+		{Address: "bob@example.test", QuotaBytes: 100},
+		{Address: "off@example.test", Status: store.UserDisabled},
+	} {
+		if err := e.CreateUser(ctx, u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.CreateAlias(ctx, "postmaster@example.test", "alice@example.test"); err != nil {
+		t.Fatal(err)
+	}
+	return NewAgent(e, Options{Domains: []string{"Example.TEST."}, SubaddressSeparator: "+"}), e
+}
+
+func addr(t *testing.T, s string) mail.Address {
+	t.Helper()
+	a, err := mail.ParseAddress(s, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func TestResolve(t *testing.T) {
+	a, _ := setup(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		rcpt string
+		opts ResolveOptions
+		user string
+		err  error
+	}{
+		{"alice@example.test", ResolveOptions{}, "alice@example.test", nil},
+		{"ALICE@Example.Test", ResolveOptions{}, "alice@example.test", nil},
+		{"alice@example.test.", ResolveOptions{}, "alice@example.test", nil},
+		{"postmaster@example.test", ResolveOptions{}, "alice@example.test", nil},
+		{"alice+lists@example.test", ResolveOptions{}, "alice@example.test", nil},
+		{"nobody@example.test", ResolveOptions{}, "", ErrNoSuchUser},
+		{"alice@elsewhere.test", ResolveOptions{}, "", ErrRelayDenied},
+		{"alice@[192.0.2.1]", ResolveOptions{}, "", ErrRelayDenied},
+		{"alice@elsewhere.test", ResolveOptions{Authenticated: true}, "", ErrOutboundDisabled},
+		{"off@example.test", ResolveOptions{}, "", ErrDisabled},
+		{"bob@example.test", ResolveOptions{Size: 50}, "bob@example.test", nil},
+		{"bob@example.test", ResolveOptions{Size: 101}, "", ErrOverQuota},
+	} {
+		r, err := a.Resolve(ctx, addr(t, tc.rcpt), tc.opts)
+		if !errors.Is(err, tc.err) || r.User != tc.user {
+			t.Errorf("Resolve(%s, %+v) = %q, %v; want %q, %v", tc.rcpt, tc.opts, r.User, err, tc.user, tc.err)
+		}
+	}
+}
+
+func TestCheckSender(t *testing.T) {
+	a, _ := setup(t)
+	ctx := context.Background()
+	if err := a.CheckSender(ctx, "alice@example.test", addr(t, "Alice@example.test")); err != nil {
+		t.Errorf("own address: %v", err)
+	}
+	if err := a.CheckSender(ctx, "alice@example.test", addr(t, "postmaster@example.test")); err != nil {
+		t.Errorf("own alias: %v", err)
+	}
+	for _, from := range []string{"bob@example.test", "ceo@elsewhere.test"} {
+		if err := a.CheckSender(ctx, "alice@example.test", addr(t, from)); !errors.Is(err, ErrSenderNotAllowed) {
+			t.Errorf("sender %s: %v", from, err)
+		}
+	}
+	if err := a.CheckSender(ctx, "alice@example.test", mail.Address{}); !errors.Is(err, ErrSenderNotAllowed) {
+		t.Errorf("null sender: %v", err)
+	}
+}
+
+func readInbox(t *testing.T, e *embedded.Engine, user string) []string {
+	t.Helper()
+	ctx := context.Background()
+	m, err := e.GetMailbox(ctx, user, "INBOX")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := e.ListMessages(ctx, m.ID, 1, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, msg := range msgs {
+		r, err := e.OpenBlob(ctx, msg.Blob)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(r)
+		out = append(out, string(b))
+	}
+	return out
+}
+
+func TestDeliver(t *testing.T) {
+	a, e := setup(t)
+	ctx := context.Background()
+	var rcpts []Recipient
+	for _, s := range []string{"alice@example.test", "postmaster@example.test", "bob@example.test"} {
+		r, err := a.Resolve(ctx, addr(t, s), ResolveOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rcpts = append(rcpts, r)
+	}
+	body := "Subject: hi\r\n\r\nhello\r\n"
+	results, err := a.Deliver(ctx, Message{Recipients: rcpts, Body: strings.NewReader(body), ReceivedAt: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range results {
+		if r != nil {
+			t.Errorf("recipient %d: %v", i, r)
+		}
+	}
+	if got := readInbox(t, e, "alice@example.test"); len(got) != 1 || got[0] != body {
+		t.Errorf("alice (twice as recipient) got %q, want one copy", got)
+	}
+	if got := readInbox(t, e, "bob@example.test"); len(got) != 1 || got[0] != body {
+		t.Errorf("bob got %q", got)
+	}
+
+	// bob's quota (100 bytes) is now partly used: a big message fails for
+	// him only, and temporarily.
+	big := strings.Repeat("x", 90)
+	results, err = a.Deliver(ctx, Message{Recipients: rcpts[1:], Body: strings.NewReader(big), ReceivedAt: time.Now()})
+	if err != nil || results[0] != nil || !errors.Is(results[1], ErrMailboxFull) {
+		t.Fatalf("over-quota delivery = %v, %v", results, err)
+	}
+
+	boom := errors.New("connection lost")
+	_, err = a.Deliver(ctx, Message{Recipients: rcpts[:1], Body: io.MultiReader(strings.NewReader("partial"), failing{boom})})
+	if !errors.Is(err, boom) {
+		t.Fatalf("broken body: %v", err)
+	}
+	if got := readInbox(t, e, "alice@example.test"); len(got) != 2 {
+		t.Fatalf("alice has %d messages after a broken delivery, want 2", len(got))
+	}
+}
+
+type failing struct{ err error }
+
+func (f failing) Read([]byte) (int, error) { return 0, f.err }
+
+func TestDeliverAfterUserRecreated(t *testing.T) {
+	a, e := setup(t)
+	ctx := context.Background()
+	r, _ := a.Resolve(ctx, addr(t, "alice@example.test"), ResolveOptions{})
+	deliver := func() error {
+		res, err := a.Deliver(ctx, Message{Recipients: []Recipient{r}, Body: strings.NewReader("x\r\n")})
+		if err != nil {
+			return err
+		}
+		return res[0]
+	}
+	if err := deliver(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.DeleteUser(ctx, "alice@example.test"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.CreateUser(ctx, store.User{Address: "alice@example.test"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := deliver(); err != nil {
+		t.Fatalf("delivery to re-created user: %v", err)
+	}
+	if got := readInbox(t, e, "alice@example.test"); len(got) != 1 {
+		t.Fatalf("re-created alice has %d messages", len(got))
+	}
+}
