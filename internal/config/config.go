@@ -1,0 +1,269 @@
+// Package config is Quill's one typed configuration: defaults, the TOML
+// file, validation. Command-line flags override file values (cmd/quill);
+// Validate runs before anything starts. docs/configuration.md documents
+// every option and must be kept in step with this file.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"quill/internal/mail"
+)
+
+// Off disables a listener.
+const Off = "off"
+
+// Config is the whole configuration.
+type Config struct {
+	// Hostname is this node's name in greetings and Received fields.
+	Hostname string `toml:"hostname"`
+	// Domains are the local mail domains; the first is the primary one.
+	Domains []string `toml:"domains"`
+	// DataDir holds the store, the generated TLS certificate and run files.
+	DataDir string `toml:"data_dir"`
+
+	Listeners Listeners `toml:"listeners"`
+	TLS       TLS       `toml:"tls"`
+	Limits    Limits    `toml:"limits"`
+	Auth      Auth      `toml:"auth"`
+	Delivery  Delivery  `toml:"delivery"`
+	Store     Store     `toml:"store"`
+	Log       Log       `toml:"log"`
+}
+
+// Listeners are host:port addresses, or "off".
+type Listeners struct {
+	SMTP        string `toml:"smtp"`        // inbound MX (RFC 5321), STARTTLS offered
+	Submission  string `toml:"submission"`  // RFC 6409, STARTTLS required before AUTH
+	Submissions string `toml:"submissions"` // RFC 8314 implicit TLS
+	LMTP        string `toml:"lmtp"`        // RFC 2033 over TCP; unauthenticated, keep it private
+	LMTPSocket  string `toml:"lmtp_socket"` // RFC 2033 over a unix socket path ("" = none)
+	POP3        string `toml:"pop3"`        // STLS offered
+	POP3S       string `toml:"pop3s"`       // implicit TLS
+	IMAP        string `toml:"imap"`        // reserved: IMAP is not implemented yet
+	IMAPS       string `toml:"imaps"`       // reserved: IMAP is not implemented yet
+	Admin       string `toml:"admin"`       // health, readiness, metrics, user administration
+}
+
+// TLS configures certificates. With neither file set, a self-signed
+// certificate for Hostname is generated into DataDir/tls on first start.
+type TLS struct {
+	CertFile string `toml:"cert_file"`
+	KeyFile  string `toml:"key_file"`
+}
+
+// Limits bound what one client can make the server do.
+type Limits struct {
+	MaxMessageBytes     int64    `toml:"max_message_bytes"`
+	MaxRecipients       int      `toml:"max_recipients"`
+	MaxConnections      int      `toml:"max_connections"`
+	MaxConnectionsPerIP int      `toml:"max_connections_per_ip"`
+	MaxErrors           int      `toml:"max_errors"`
+	CommandTimeout      Duration `toml:"command_timeout"`
+	POP3IdleTimeout     Duration `toml:"pop3_idle_timeout"`
+	ShutdownTimeout     Duration `toml:"shutdown_timeout"`
+}
+
+// Auth configures authentication.
+type Auth struct {
+	// AllowInsecure permits plaintext passwords on unencrypted connections
+	// from non-loopback peers. Loopback peers are always allowed.
+	AllowInsecure bool     `toml:"allow_insecure"`
+	MaxFailures   int      `toml:"max_failures"`
+	FailureWindow Duration `toml:"failure_window"`
+	CacheTTL      Duration `toml:"cache_ttl"`
+}
+
+// Delivery configures local delivery.
+type Delivery struct {
+	SubaddressSeparator string `toml:"subaddress_separator"`
+}
+
+// Store selects and tunes the storage engine.
+type Store struct {
+	Engine     string `toml:"engine"` // "embedded"
+	CacheBytes int64  `toml:"cache_bytes"`
+}
+
+// Log configures logging to standard error.
+type Log struct {
+	Level  string `toml:"level"`  // debug, info, warn, error
+	Format string `toml:"format"` // text, json
+}
+
+// Duration is a time.Duration written as "5m" in TOML.
+type Duration struct{ time.Duration }
+
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return err
+	}
+	d.Duration = v
+	return nil
+}
+
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// Default returns the configuration used when nothing is set. Ports are
+// unprivileged (the usual port plus 2000, or 2024 for LMTP) so that a
+// development server needs no root; LMTP and admin listen on loopback only
+// because neither authenticates its clients.
+func Default() Config {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "localhost"
+	}
+	return Config{
+		Hostname: host,
+		Domains:  []string{"localhost"},
+		DataDir:  "./quill-data",
+		Listeners: Listeners{
+			SMTP:        ":2525",
+			Submission:  ":2587",
+			Submissions: ":2465",
+			LMTP:        "127.0.0.1:2024",
+			POP3:        ":1110",
+			POP3S:       ":1995",
+			IMAP:        Off,
+			IMAPS:       Off,
+			Admin:       "127.0.0.1:8080",
+		},
+		Limits: Limits{
+			MaxMessageBytes:     50 << 20,
+			MaxRecipients:       100, // RFC 5321 4.5.3.1.8: at least 100
+			MaxConnections:      5000,
+			MaxConnectionsPerIP: 100,
+			MaxErrors:           10,
+			CommandTimeout:      Duration{5 * time.Minute},  // RFC 5321 4.5.3.2
+			POP3IdleTimeout:     Duration{10 * time.Minute}, // RFC 1939 section 3
+			ShutdownTimeout:     Duration{30 * time.Second},
+		},
+		Auth: Auth{
+			MaxFailures:   10,
+			FailureWindow: Duration{5 * time.Minute},
+			CacheTTL:      Duration{5 * time.Minute},
+		},
+		Delivery: Delivery{SubaddressSeparator: "+"},
+		Store:    Store{Engine: "embedded", CacheBytes: 64 << 20},
+		Log:      Log{Level: "info", Format: "text"},
+	}
+}
+
+// Load returns Default overlaid with the TOML file at path. Unknown keys
+// are errors, so a typo never silently falls back to a default.
+func Load(path string) (Config, error) {
+	c := Default()
+	md, err := toml.DecodeFile(path, &c)
+	if err != nil {
+		return c, fmt.Errorf("config %s: %w", path, err)
+	}
+	if un := md.Undecoded(); len(un) > 0 {
+		keys := make([]string, len(un))
+		for i, k := range un {
+			keys[i] = k.String()
+		}
+		return c, fmt.Errorf("config %s: unknown keys: %s", path, strings.Join(keys, ", "))
+	}
+	return c, nil
+}
+
+// Validate checks the whole configuration and returns every problem found.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.Hostname == "" {
+		bad("hostname is empty")
+	}
+	if len(c.Domains) == 0 {
+		bad("at least one domain is required")
+	}
+	for i, d := range c.Domains {
+		a, err := mail.ParseAddress("postmaster@"+d, true)
+		if err != nil || strings.HasPrefix(a.Domain, "[") {
+			bad("domain %q is not a domain name", d)
+		}
+		c.Domains[i] = strings.ToLower(strings.TrimSuffix(d, "."))
+	}
+	if c.DataDir == "" {
+		bad("data_dir is empty")
+	}
+	l := c.Listeners
+	for _, x := range []struct{ name, addr string }{
+		{"smtp", l.SMTP}, {"submission", l.Submission}, {"submissions", l.Submissions}, {"lmtp", l.LMTP},
+		{"pop3", l.POP3}, {"pop3s", l.POP3S}, {"imap", l.IMAP}, {"imaps", l.IMAPS}, {"admin", l.Admin},
+	} {
+		if err := checkAddr(x.addr); err != nil {
+			bad("listeners.%s: %v", x.name, err)
+		}
+	}
+	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
+		bad("tls.cert_file and tls.key_file must be set together")
+	}
+	lim := c.Limits
+	if lim.MaxMessageBytes < 1024 {
+		bad("limits.max_message_bytes must be at least 1024")
+	}
+	if lim.MaxRecipients < 1 {
+		bad("limits.max_recipients must be positive")
+	}
+	if lim.MaxConnections < 1 || lim.MaxConnectionsPerIP < 1 {
+		bad("limits.max_connections and max_connections_per_ip must be positive")
+	}
+	if lim.MaxErrors < 1 {
+		bad("limits.max_errors must be positive")
+	}
+	for name, d := range map[string]Duration{
+		"limits.command_timeout": lim.CommandTimeout, "limits.pop3_idle_timeout": lim.POP3IdleTimeout,
+		"limits.shutdown_timeout": lim.ShutdownTimeout, "auth.failure_window": c.Auth.FailureWindow,
+	} {
+		if d.Duration <= 0 {
+			bad("%s must be positive", name)
+		}
+	}
+	if c.Auth.MaxFailures < 1 {
+		bad("auth.max_failures must be positive")
+	}
+	if c.Store.Engine != "embedded" {
+		bad("store.engine %q is not known (embedded)", c.Store.Engine)
+	}
+	if c.Store.CacheBytes < 1<<20 {
+		bad("store.cache_bytes must be at least 1 MiB")
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log.level %q is not debug, info, warn or error", c.Log.Level)
+	}
+	switch c.Log.Format {
+	case "text", "json":
+	default:
+		bad("log.format %q is not text or json", c.Log.Format)
+	}
+	return errors.Join(errs...)
+}
+
+// Enabled reports whether a listener address is on.
+func Enabled(addr string) bool { return addr != "" && addr != Off }
+
+func checkAddr(addr string) error {
+	if !Enabled(addr) {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port or %q", addr, Off)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("%q has a bad port", addr)
+	}
+	return nil
+}

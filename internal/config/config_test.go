@@ -1,0 +1,77 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDefaultIsValid(t *testing.T) {
+	c := Default()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func write(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "quill.toml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestLoad(t *testing.T) {
+	c, err := Load(write(t, `
+hostname = "mx.example.test"
+domains = ["Example.test", "example.org."]
+[listeners]
+smtp = "127.0.0.1:25"
+imap = "off"
+[limits]
+command_timeout = "90s"
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.Hostname != "mx.example.test" || c.Listeners.SMTP != "127.0.0.1:25" || c.Limits.CommandTimeout.Duration != 90*time.Second {
+		t.Fatalf("loaded %+v", c)
+	}
+	if c.Domains[0] != "example.test" || c.Domains[1] != "example.org" {
+		t.Fatalf("domains not normalized: %v", c.Domains)
+	}
+	if c.Listeners.POP3 != Default().Listeners.POP3 {
+		t.Fatal("unset key did not keep its default")
+	}
+}
+
+func TestLoadRejectsUnknownKeys(t *testing.T) {
+	_, err := Load(write(t, "[limits]\nmax_mesage_bytes = 10\n"))
+	if err == nil || !strings.Contains(err.Error(), "max_mesage_bytes") {
+		t.Fatalf("typo accepted: %v", err)
+	}
+}
+
+func TestValidateReportsEveryProblem(t *testing.T) {
+	c := Default()
+	c.Domains = []string{"not a domain"}
+	c.Listeners.SMTP = "nonsense"
+	c.TLS.CertFile = "cert.pem"
+	c.Limits.MaxRecipients = 0
+	c.Store.Engine = "mongodb"
+	err := c.Validate()
+	if err == nil {
+		t.Fatal("invalid config accepted")
+	}
+	for _, want := range []string{"domain", "listeners.smtp", "key_file", "max_recipients", "store.engine"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not mention %s: %v", want, err)
+		}
+	}
+}
