@@ -163,22 +163,23 @@ func (a *Authenticator) verify(ctx context.Context, login, password string) (str
 	if err != nil {
 		return "", fmt.Errorf("auth: reading %s: %w", user, err)
 	}
+	// The password is checked before the status, so that ErrDisabled
+	// reveals nothing to someone who does not know the password.
+	key := sha256.Sum256([]byte(u.Address + "\x00" + password + "\x00" + u.PasswordHash))
+	if !a.cached(key) {
+		ok, err := VerifyPassword(u.PasswordHash, password)
+		if err != nil {
+			a.log.Error("stored password hash unusable", "user", u.Address, "err", err)
+			return "", ErrInvalidCredentials
+		}
+		if !ok {
+			return "", ErrInvalidCredentials
+		}
+		a.remember(key)
+	}
 	if u.Status == store.UserDisabled {
 		return "", ErrDisabled
 	}
-	key := sha256.Sum256([]byte(u.Address + "\x00" + password + "\x00" + u.PasswordHash))
-	if a.cached(key) {
-		return u.Address, nil
-	}
-	ok, err := VerifyPassword(u.PasswordHash, password)
-	if err != nil {
-		a.log.Error("stored password hash unusable", "user", u.Address, "err", err)
-		return "", ErrInvalidCredentials
-	}
-	if !ok {
-		return "", ErrInvalidCredentials
-	}
-	a.remember(key)
 	return u.Address, nil
 }
 

@@ -174,3 +174,16 @@ func TestLoopbackNotThrottledByIP(t *testing.T) {
 		t.Fatalf("loopback peer throttled for another user: %v", err)
 	}
 }
+
+func TestDisabledNeedsPassword(t *testing.T) {
+	d, a, _ := setup(t)
+	ctx := context.Background()
+	u, _ := d.Store.GetUser(ctx, "alice@example.test")
+	u.Status = store.UserDisabled
+	if err := d.Store.UpdateUser(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Authenticate(ctx, "alice", "wrong-pass", remote); !errors.Is(err, ErrInvalidCredentials) {
+		t.Fatalf("disabled user, wrong password: %v (must not reveal the account)", err)
+	}
+}

@@ -1,0 +1,214 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"quill/internal/admin"
+	"quill/internal/auth"
+	"quill/internal/server"
+	"quill/internal/store/embedded"
+)
+
+// target says where user and alias commands act.
+type target struct {
+	data, adminAddr, tokenFile *string
+}
+
+func addTargetFlags(fs *flag.FlagSet) target {
+	return target{
+		data:      fs.String("data", "./quill-data", "data directory"),
+		adminAddr: fs.String("admin-addr", "", "admin API of a running server (host:port)"),
+		tokenFile: fs.String("admin-token-file", "", "file holding the admin API token (default DATA/"+server.AdminTokenFile+")"),
+	}
+}
+
+// open returns the directory to act on: the admin API of a running server
+// (named by --admin-addr, or found through DATA/admin.addr), else the store
+// in DATA opened directly.
+func (t target) open() (admin.Directory, func(), error) {
+	addr := *t.adminAddr
+	if addr == "" {
+		if b, err := os.ReadFile(filepath.Join(*t.data, server.AdminAddrFile)); err == nil {
+			candidate := strings.TrimSpace(string(b))
+			if c, err := net.DialTimeout("tcp", candidate, 2*time.Second); err == nil {
+				c.Close()
+				addr = candidate
+			}
+			// Otherwise the file is left by a server that died: the store
+			// is free to open directly.
+		}
+	}
+	if addr != "" {
+		tokenFile := *t.tokenFile
+		if tokenFile == "" {
+			tokenFile = filepath.Join(*t.data, server.AdminTokenFile)
+		}
+		token := os.Getenv("QUILL_ADMIN_TOKEN")
+		if token == "" {
+			b, err := os.ReadFile(tokenFile)
+			if err != nil {
+				return nil, nil, fmt.Errorf("admin token: %w (set --admin-token-file or QUILL_ADMIN_TOKEN)", err)
+			}
+			token = strings.TrimSpace(string(b))
+		}
+		return &admin.Client{Addr: addr, Token: token}, func() {}, nil
+	}
+	st, err := openStore(*t.data)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &auth.Directory{Store: st}, func() { st.Close() }, nil
+}
+
+func openStore(data string) (*embedded.Engine, error) {
+	dir := filepath.Join(data, server.StoreDir)
+	if _, err := os.Stat(data); err != nil {
+		return nil, fmt.Errorf("data directory: %w", err)
+	}
+	st, err := embedded.Open(dir, embedded.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("%w (is a server running on %s without an admin listener?)", err, data)
+	}
+	return st, nil
+}
+
+func readPassword(stdin io.Reader, stderr io.Writer) (string, error) {
+	if f, ok := stdin.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			fmt.Fprint(stderr, "Password: ")
+		}
+	}
+	line, err := bufio.NewReader(io.LimitReader(stdin, 4096)).ReadString('\n')
+	if err != nil && !(errors.Is(err, io.EOF) && line != "") {
+		return "", fmt.Errorf("reading password from standard input: %w", err)
+	}
+	return strings.TrimRight(line, "\r\n"), nil
+}
+
+func userCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("user", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	t := addTargetFlags(fs)
+	quota := fs.Int64("quota", 0, "quota in bytes (0: unlimited)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) == 0 {
+		return usageError("user: add, del, passwd or list")
+	}
+	need := map[string]int{"add": 2, "del": 2, "passwd": 2, "list": 1}[pos[0]]
+	if need == 0 || len(pos) != need {
+		return usageError("usage: quill user add|del|passwd ADDRESS | quill user list")
+	}
+	d, done, err := t.open()
+	if err != nil {
+		return err
+	}
+	defer done()
+	ctx := context.Background()
+	switch pos[0] {
+	case "add":
+		pw, err := readPassword(stdin, stderr)
+		if err != nil {
+			return err
+		}
+		return d.AddUser(ctx, pos[1], pw, *quota)
+	case "passwd":
+		pw, err := readPassword(stdin, stderr)
+		if err != nil {
+			return err
+		}
+		return d.SetPassword(ctx, pos[1], pw)
+	case "del":
+		return d.DeleteUser(ctx, pos[1])
+	default:
+		users, err := d.ListUsers(ctx)
+		if err != nil {
+			return err
+		}
+		for _, u := range users {
+			line := u.Address
+			if u.QuotaBytes > 0 {
+				line += "\tquota=" + strconv.FormatInt(u.QuotaBytes, 10)
+			}
+			fmt.Fprintln(stdout, line)
+		}
+		return nil
+	}
+}
+
+func aliasCmd(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("alias", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	t := addTargetFlags(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) == 0 {
+		return usageError("alias: add, del or list")
+	}
+	need := map[string]int{"add": 3, "del": 2, "list": 1}[pos[0]]
+	if need == 0 || len(pos) != need {
+		return usageError("usage: quill alias add ALIAS TARGET | quill alias del ALIAS | quill alias list")
+	}
+	d, done, err := t.open()
+	if err != nil {
+		return err
+	}
+	defer done()
+	ctx := context.Background()
+	switch pos[0] {
+	case "add":
+		return d.AddAlias(ctx, pos[1], pos[2])
+	case "del":
+		return d.DeleteAlias(ctx, pos[1])
+	default:
+		list, err := d.ListAliases(ctx)
+		if err != nil {
+			return err
+		}
+		for _, a := range list {
+			fmt.Fprintf(stdout, "%s\t%s\n", a[0], a[1])
+		}
+		return nil
+	}
+}
+
+func checkCmd(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	data := fs.String("data", "./quill-data", "data directory")
+	if _, err := parse(fs, args); err != nil {
+		return err
+	}
+	st, err := openStore(*data)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	problems, err := st.Check(context.Background())
+	if err != nil {
+		return err
+	}
+	for _, p := range problems {
+		fmt.Fprintln(stdout, p)
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("store in %s: %d problems", *data, len(problems))
+	}
+	fmt.Fprintln(stdout, "store consistent")
+	return nil
+}

@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"quill/internal/config"
+	"quill/internal/server"
+)
+
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+func serve(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	configFile := fs.String("config", "", "TOML configuration file (optional)")
+	data := fs.String("data", "", "data directory (default ./quill-data)")
+	hostname := fs.String("hostname", "", "host name in greetings and Received fields")
+	var domains listFlag
+	fs.Var(&domains, "domain", "local mail domain (repeatable; default localhost)")
+	printListeners := fs.Bool("print-listeners", false, "print the bound listener addresses as one JSON line on stdout once ready")
+	logLevel := fs.String("log-level", "", "debug, info, warn or error")
+	addrs := map[string]*string{}
+	for _, name := range []string{"smtp", "submission", "submissions", "lmtp", "pop3", "pop3s", "imap", "imaps", "admin"} {
+		addrs[name] = fs.String(name+"-addr", "", "host:port of the "+name+" listener, or off")
+	}
+	if _, err := parse(fs, args); err != nil {
+		return err
+	}
+
+	cfg := config.Default()
+	if *configFile != "" {
+		var err error
+		if cfg, err = config.Load(*configFile); err != nil {
+			return err
+		}
+	}
+	if *data != "" {
+		cfg.DataDir = *data
+	}
+	if *hostname != "" {
+		cfg.Hostname = *hostname
+	}
+	if len(domains) > 0 {
+		cfg.Domains = domains
+	}
+	if *logLevel != "" {
+		cfg.Log.Level = *logLevel
+	}
+	l := &cfg.Listeners
+	for name, dst := range map[string]*string{
+		"smtp": &l.SMTP, "submission": &l.Submission, "submissions": &l.Submissions, "lmtp": &l.LMTP,
+		"pop3": &l.POP3, "pop3s": &l.POP3S, "imap": &l.IMAP, "imaps": &l.IMAPS, "admin": &l.Admin,
+	} {
+		if v := *addrs[name]; v != "" {
+			*dst = v
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	log := newLogger(cfg.Log, stderr)
+
+	srv, err := server.New(cfg, log)
+	if err != nil {
+		return err
+	}
+	// Signals are caught before Start so that an early SIGTERM drains too.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	if err := srv.Start(); err != nil {
+		return err
+	}
+	if *printListeners {
+		b, _ := json.Marshal(srv.Listeners())
+		fmt.Fprintf(stdout, "%s\n", b)
+	}
+	var runErr error
+	select {
+	case sig := <-sigs:
+		log.Info("signal received; draining (send another to exit at once)", "signal", sig.String())
+	case runErr = <-srv.Errors():
+		log.Error("listener failed; shutting down", "err", runErr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.Limits.ShutdownTimeout.Duration)
+	defer cancel()
+	go func() {
+		// A second signal abandons the drain.
+		<-sigs
+		log.Warn("second signal: exiting now")
+		os.Exit(1)
+	}()
+	if err := srv.Shutdown(ctx); err != nil {
+		return err
+	}
+	return runErr
+}
+
+func newLogger(c config.Log, w io.Writer) *slog.Logger {
+	var level slog.Level
+	level.UnmarshalText([]byte(c.Level))
+	opts := &slog.HandlerOptions{Level: level}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

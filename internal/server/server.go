@@ -1,0 +1,334 @@
+// Package server is Quill's composition root: it builds every component
+// from the configuration, starts them in dependency order (store, services,
+// listeners, then readiness) and stops them in reverse (readiness off,
+// listeners drained, admin endpoint, store closed last so that every
+// in-flight delivery commits).
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"quill/internal/admin"
+	"quill/internal/auth"
+	"quill/internal/config"
+	"quill/internal/delivery"
+	"quill/internal/mailbox"
+	"quill/internal/pop3"
+	"quill/internal/smtp"
+	"quill/internal/store/embedded"
+	"quill/internal/textconn"
+)
+
+// Run-time files in the data directory.
+const (
+	StoreDir       = "store"
+	TLSDir         = "tls"
+	AdminTokenFile = "admin.token" // bearer token of the admin API (0600)
+	AdminAddrFile  = "admin.addr"  // where a running server's admin API listens
+)
+
+// protocolServer is what every protocol front end offers.
+type protocolServer interface {
+	Serve(net.Listener) error
+	Shutdown(context.Context) error
+	Close() error
+}
+
+// Server is one running Quill node.
+type Server struct {
+	cfg config.Config
+	log *slog.Logger
+
+	store *embedded.Engine
+	reg   *prometheus.Registry
+	ready atomic.Bool
+
+	listeners map[string]net.Listener
+	servers   map[string]protocolServer
+	admin     *http.Server
+	serveErr  chan error
+	wg        sync.WaitGroup
+}
+
+// New validates cfg and returns an unstarted server.
+func New(cfg config.Config, log *slog.Logger) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Server{
+		cfg: cfg, log: log,
+		listeners: map[string]net.Listener{},
+		servers:   map[string]protocolServer{},
+		serveErr:  make(chan error, 16),
+	}, nil
+}
+
+// Start opens the store, builds the services, binds every listener and
+// starts serving. If any step fails, everything started is stopped again.
+func (s *Server) Start() (err error) {
+	defer func() {
+		if err != nil {
+			s.closeAll()
+		}
+	}()
+	cfg := s.cfg
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return err
+	}
+	s.reg = prometheus.NewRegistry()
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	s.store, err = embedded.Open(filepath.Join(cfg.DataDir, StoreDir), embedded.Options{
+		Logger: s.log.With("component", "store"), Registerer: s.reg, CacheBytes: cfg.Store.CacheBytes,
+	})
+	if err != nil {
+		return err
+	}
+	tlsConfig, err := loadTLS(cfg.TLS.CertFile, cfg.TLS.KeyFile, filepath.Join(cfg.DataDir, TLSDir), cfg.Hostname)
+	if err != nil {
+		return err
+	}
+	authn := auth.NewAuthenticator(s.store, auth.Options{
+		DefaultDomain: cfg.Domains[0],
+		MaxFailures:   cfg.Auth.MaxFailures,
+		FailureWindow: cfg.Auth.FailureWindow.Duration,
+		CacheTTL:      cfg.Auth.CacheTTL.Duration,
+		Logger:        s.log.With("component", "auth"),
+		Registry:      s.reg,
+	})
+	agent := delivery.NewAgent(s.store, delivery.Options{
+		Domains:             cfg.Domains,
+		SubaddressSeparator: cfg.Delivery.SubaddressSeparator,
+		MaxMessageBytes:     cfg.Limits.MaxMessageBytes + 64<<10, // room for the trace fields
+		Logger:              s.log.With("component", "delivery"),
+		Registerer:          s.reg,
+	})
+	limiter := textconn.NewLimiter(cfg.Limits.MaxConnectionsPerIP, cfg.Limits.MaxConnections)
+
+	newSMTP := func(name string, mode smtp.Mode, implicit bool) *smtp.Server {
+		return &smtp.Server{
+			Mode: mode, Hostname: cfg.Hostname, TLSConfig: tlsConfig, ImplicitTLS: implicit,
+			AllowInsecureAuth: cfg.Auth.AllowInsecure,
+			Backend:           smtpBackend{authn, agent},
+			Logger:            s.log.With("listener", name),
+			Metrics:           textconn.NewMetrics(s.reg, name),
+			Limiter:           limiter,
+			MaxMessageBytes:   cfg.Limits.MaxMessageBytes,
+			MaxRecipients:     cfg.Limits.MaxRecipients,
+			MaxErrors:         cfg.Limits.MaxErrors,
+			ReadTimeout:       cfg.Limits.CommandTimeout.Duration,
+		}
+	}
+	// One maildrop service for every POP3 listener: its lock is per user.
+	mailboxes := mailbox.NewService(s.store)
+	newPOP3 := func(name string, implicit bool) *pop3.Server {
+		return &pop3.Server{
+			Name: name, Hostname: cfg.Hostname, TLSConfig: tlsConfig, ImplicitTLS: implicit,
+			AllowInsecureAuth: cfg.Auth.AllowInsecure,
+			Backend:           pop3Backend{authn, mailboxes},
+			Logger:            s.log.With("listener", name),
+			Metrics:           textconn.NewMetrics(s.reg, name),
+			Limiter:           limiter,
+			MaxErrors:         cfg.Limits.MaxErrors,
+			ReadTimeout:       cfg.Limits.POP3IdleTimeout.Duration,
+		}
+	}
+	l := cfg.Listeners
+	for _, x := range []struct {
+		name, network, addr string
+		srv                 func() protocolServer
+	}{
+		{"smtp", "tcp", l.SMTP, func() protocolServer { return newSMTP("smtp", smtp.ModeMX, false) }},
+		{"submission", "tcp", l.Submission, func() protocolServer { return newSMTP("submission", smtp.ModeSubmission, false) }},
+		{"submissions", "tcp", l.Submissions, func() protocolServer { return newSMTP("submissions", smtp.ModeSubmission, true) }},
+		{"lmtp", "tcp", l.LMTP, func() protocolServer { return newSMTP("lmtp", smtp.ModeLMTP, false) }},
+		{"lmtp_socket", "unix", l.LMTPSocket, func() protocolServer { return newSMTP("lmtp_socket", smtp.ModeLMTP, false) }},
+		{"pop3", "tcp", l.POP3, func() protocolServer { return newPOP3("pop3", false) }},
+		{"pop3s", "tcp", l.POP3S, func() protocolServer { return newPOP3("pop3s", true) }},
+	} {
+		if !config.Enabled(x.addr) {
+			continue
+		}
+		ln, err := listen(x.network, x.addr)
+		if err != nil {
+			return fmt.Errorf("listener %s: %w", x.name, err)
+		}
+		s.listeners[x.name] = ln
+		s.servers[x.name] = x.srv()
+	}
+	if config.Enabled(l.IMAP) || config.Enabled(l.IMAPS) {
+		s.log.Warn("IMAP is not implemented yet; the imap and imaps listeners stay closed")
+	}
+	if config.Enabled(l.Admin) {
+		if err := s.startAdmin(authn); err != nil {
+			return err
+		}
+	}
+	for name, srv := range s.servers {
+		ln := s.listeners[name]
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			if err := srv.Serve(ln); err != nil && !isClosed(err) {
+				s.serveErr <- fmt.Errorf("listener %s: %w", name, err)
+			}
+		}()
+	}
+	s.ready.Store(true)
+	s.log.Info("quill ready", "listeners", s.Listeners(), "data", cfg.DataDir, "domains", cfg.Domains)
+	return nil
+}
+
+func (s *Server) startAdmin(authn *auth.Authenticator) error {
+	token, err := adminToken(filepath.Join(s.cfg.DataDir, AdminTokenFile))
+	if err != nil {
+		return err
+	}
+	ln, err := listen("tcp", s.cfg.Listeners.Admin)
+	if err != nil {
+		return fmt.Errorf("listener admin: %w", err)
+	}
+	s.listeners["admin"] = ln
+	s.admin = &http.Server{
+		Handler: admin.NewHandler(admin.Options{
+			Directory: &auth.Directory{Store: s.store},
+			Gatherer:  s.reg,
+			Ready:     s.ready.Load,
+			Token:     token,
+			Logger:    s.log.With("component", "admin"),
+		}),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       time.Minute,
+		WriteTimeout:      time.Minute,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	if err := writeFileAtomic(filepath.Join(s.cfg.DataDir, AdminAddrFile), []byte(ln.Addr().String()+"\n"), 0o600); err != nil {
+		return err
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.serveErr <- fmt.Errorf("listener admin: %w", err)
+		}
+	}()
+	return nil
+}
+
+// adminToken reads the admin API token, creating it on first start.
+func adminToken(path string) (string, error) {
+	if b, err := os.ReadFile(path); err == nil {
+		if t := strings.TrimSpace(string(b)); t != "" {
+			return t, nil
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	raw := make([]byte, 32)
+	if _, err := rand.Read(raw); err != nil {
+		return "", err
+	}
+	t := hex.EncodeToString(raw)
+	return t, writeFileAtomic(path, []byte(t+"\n"), 0o600)
+}
+
+func listen(network, addr string) (net.Listener, error) {
+	if network == "unix" {
+		// A socket file left by a crashed server would make Listen fail.
+		if fi, err := os.Lstat(addr); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			os.Remove(addr)
+		}
+	}
+	return net.Listen(network, addr)
+}
+
+func isClosed(err error) bool {
+	return errors.Is(err, net.ErrClosed) || errors.Is(err, http.ErrServerClosed) || strings.Contains(err.Error(), "server closed")
+}
+
+// Listeners returns the bound address of every enabled listener.
+func (s *Server) Listeners() map[string]string {
+	out := make(map[string]string, len(s.listeners))
+	for name, ln := range s.listeners {
+		out[name] = ln.Addr().String()
+	}
+	return out
+}
+
+// Errors delivers a listener's fatal serving error; the caller should then
+// shut down.
+func (s *Server) Errors() <-chan error { return s.serveErr }
+
+// Shutdown drains the node: readiness goes off, listeners stop accepting and
+// sessions finish (idle ones are told to come back later) until ctx ends,
+// then everything is closed and the store last.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.ready.Store(false)
+	s.log.Info("quill draining")
+	names := make([]string, 0, len(s.servers))
+	for name := range s.servers {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var wg sync.WaitGroup
+	errs := make([]error, len(names))
+	for i, name := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.servers[name].Shutdown(ctx); err != nil {
+				errs[i] = fmt.Errorf("%s: %w", name, err)
+				s.servers[name].Close()
+			}
+		}()
+	}
+	wg.Wait()
+	if s.admin != nil {
+		os.Remove(filepath.Join(s.cfg.DataDir, AdminAddrFile))
+		if err := s.admin.Shutdown(ctx); err != nil {
+			s.admin.Close()
+		}
+	}
+	s.wg.Wait()
+	err := errors.Join(errs...)
+	if s.store != nil {
+		err = errors.Join(err, s.store.Close())
+	}
+	s.log.Info("quill stopped", "err", err)
+	return err
+}
+
+// closeAll stops whatever a failed Start had begun.
+func (s *Server) closeAll() {
+	for _, srv := range s.servers {
+		srv.Close()
+	}
+	for _, ln := range s.listeners {
+		ln.Close()
+	}
+	if s.admin != nil {
+		s.admin.Close()
+		os.Remove(filepath.Join(s.cfg.DataDir, AdminAddrFile))
+	}
+	s.wg.Wait()
+	if s.store != nil {
+		s.store.Close()
+	}
+}
