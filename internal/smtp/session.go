@@ -1,0 +1,573 @@
+package smtp
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"quill/internal/delivery"
+	"quill/internal/textconn"
+)
+
+// session is the state of one connection. It is owned by one goroutine.
+type session struct {
+	ctx  context.Context // cancelled when the server is closed
+	srv  *Server
+	lim  limits
+	conn *textconn.Conn
+	log  *slog.Logger
+	id   string
+
+	helo  string // "" until HELO/EHLO/LHLO
+	esmtp bool   // EHLO or LHLO: extensions may be used
+	user  string // authenticated user (submission)
+	tx    *transaction
+
+	errors      int    // failed commands (MaxErrors)
+	commands    int    // commands before authentication (MaxCommandsBeforeAuth)
+	lastCode    int    // code of the last reply written
+	pendingLine []byte // a command read while a BDAT body was expected
+	closing     bool   // the session ends after the current reply
+}
+
+// transaction is one mail transaction (RFC 5321 section 3.3), from MAIL to
+// the end of its data or RSET.
+type transaction struct {
+	from  mailArgs
+	rcpts []delivery.Recipient
+}
+
+func newSession(ctx context.Context, srv *Server, conn *textconn.Conn) *session {
+	id := newID()
+	return &session{
+		ctx:  ctx,
+		srv:  srv,
+		lim:  srv.lim,
+		conn: conn,
+		id:   id,
+		log: srv.logger().With("proto", srv.Mode.String(), "session", id,
+			"remote", conn.RemoteAddr().String()),
+	}
+}
+
+// newID returns a random identifier for sessions and messages: 80 bits,
+// base32 without padding (16 characters, safe in headers and logs).
+func newID() string {
+	var b [10]byte
+	_, _ = rand.Read(b[:])
+	return base32.StdEncoding.EncodeToString(b[:])
+}
+
+func (s *session) serve() {
+	s.log.Debug("connection opened")
+	defer s.log.Debug("connection closed")
+	if s.srv.ImplicitTLS {
+		if err := s.conn.StartTLS(s.srv.TLSConfig); err != nil {
+			s.log.Info("implicit TLS handshake failed", "err", err)
+			return
+		}
+	}
+	greeting := "ESMTP"
+	if s.srv.Mode == ModeLMTP {
+		greeting = "LMTP"
+	}
+	s.writeReply(reply{220, "", s.srv.Hostname + " " + greeting + " Quill ready"})
+	for !s.closing {
+		line, err := s.nextLine()
+		if err != nil {
+			s.readFailed(err)
+			break
+		}
+		s.command(line)
+	}
+	_ = s.conn.Flush()
+}
+
+// nextLine returns the next command line, flushing replies first unless
+// more pipelined commands are already buffered (RFC 2920 section 3.2).
+func (s *session) nextLine() (string, error) {
+	if s.pendingLine != nil {
+		l := string(s.pendingLine)
+		s.pendingLine = nil
+		return l, nil
+	}
+	if !s.conn.HasLine() {
+		if err := s.conn.Flush(); err != nil {
+			return "", err
+		}
+	}
+	for {
+		line, err := s.conn.ReadLine()
+		if errors.Is(err, textconn.ErrLineTooLong) {
+			s.writeReply(reply{500, "5.5.2", "Line too long"})
+			if s.countError() {
+				return "", errTooManyErrors
+			}
+			if !s.conn.HasLine() {
+				if err := s.conn.Flush(); err != nil {
+					return "", err
+				}
+			}
+			continue
+		}
+		return string(line), err
+	}
+}
+
+var errTooManyErrors = errors.New("smtp: too many errors")
+
+// readFailed says goodbye where the connection still works.
+func (s *session) readFailed(err error) {
+	switch {
+	case errors.Is(err, errTooManyErrors):
+		// Already answered.
+	case errors.Is(err, textconn.ErrShutdown):
+		s.writeReply(reply{421, "4.3.2", s.srv.Hostname + " Service shutting down"})
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		s.log.Info("idle timeout")
+		s.writeReply(reply{421, "4.4.2", s.srv.Hostname + " Timeout, closing connection"})
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		s.log.Debug("client closed connection")
+	default:
+		s.log.Info("connection failed", "err", err)
+	}
+}
+
+// writeReply buffers r; sessions flush in nextLine or before blocking.
+func (s *session) writeReply(r reply) {
+	s.lastCode = r.code
+	if r.enh != "" {
+		fmt.Fprintf(s.conn, "%d %s %s\r\n", r.code, r.enh, r.text)
+	} else {
+		fmt.Fprintf(s.conn, "%d %s\r\n", r.code, r.text)
+	}
+}
+
+// writeError answers err through replyFor, logging what the client is not
+// told.
+func (s *session) writeError(err error, what string) {
+	r, known := replyFor(err)
+	if !known {
+		s.log.Warn(what+" failed", "err", err)
+	}
+	s.writeReply(r)
+}
+
+// countError counts a failed command and, over the limit, ends the session
+// with 421 (RFC 5321 section 4.3.2 lets a server close after 421).
+func (s *session) countError() (closed bool) {
+	s.errors++
+	if s.errors < s.lim.maxErrors {
+		return false
+	}
+	s.log.Info("too many errors")
+	s.writeReply(reply{421, "4.7.0", s.srv.Hostname + " Too many errors, closing connection"})
+	s.closing = true
+	return true
+}
+
+// command runs one command line.
+func (s *session) command(line string) {
+	cmd, err := parseCommand(line)
+	verb := cmd.verb
+	if err == nil && verb != "AUTH" && len(line) > s.lim.maxLine {
+		err = errReply(500, "5.5.2", "Line too long")
+	}
+	if s.srv.Mode == ModeSubmission && s.user == "" {
+		s.commands++
+		if s.commands > s.lim.maxBeforeAuth {
+			s.log.Info("too many commands before authentication")
+			s.writeReply(reply{421, "4.7.0", s.srv.Hostname + " Too many commands before authentication"})
+			s.closing = true
+			return
+		}
+	}
+	s.srv.Metrics.Command(metricName(verb))
+	if err == nil {
+		err = s.dispatch(cmd)
+	}
+	if err != nil {
+		s.writeError(err, verb)
+	}
+	if s.lastCode >= 400 && !s.closing {
+		s.srv.Metrics.CommandError(metricName(verb))
+		if verb != "DATA" && verb != "BDAT" {
+			s.countError()
+		}
+	}
+}
+
+// dispatch runs a parsed command. It returns an error to be answered by
+// replyFor, or nil after writing its own replies.
+func (s *session) dispatch(cmd command) error {
+	lmtp := s.srv.Mode == ModeLMTP
+	switch cmd.verb {
+	case "EHLO", "HELO":
+		if lmtp {
+			return errReply(500, "5.5.1", "This is LMTP: use LHLO")
+		}
+		return s.hello(cmd)
+	case "LHLO":
+		if !lmtp {
+			return errReply(500, "5.5.1", "Command not recognized")
+		}
+		return s.hello(cmd)
+	case "MAIL":
+		return s.mail(cmd.arg)
+	case "RCPT":
+		return s.rcpt(cmd.arg)
+	case "DATA":
+		return s.data(cmd.arg)
+	case "BDAT":
+		return s.bdat(cmd.arg)
+	case "RSET":
+		if cmd.arg != "" {
+			return errReply(501, "5.5.4", "RSET takes no arguments")
+		}
+		s.tx = nil
+		s.writeReply(reply{250, "2.0.0", "Flushed"})
+	case "NOOP":
+		s.writeReply(reply{250, "2.0.0", "OK"})
+	case "QUIT":
+		s.writeReply(reply{221, "2.0.0", s.srv.Hostname + " Bye"})
+		s.closing = true
+	case "VRFY":
+		if cmd.arg == "" {
+			return errReply(501, "5.5.4", "Syntax: VRFY <address>")
+		}
+		// RFC 5321 section 3.5.3: neither confirm nor deny.
+		s.writeReply(reply{252, "2.5.0", "Cannot VRFY user, but will accept message and attempt delivery"})
+	case "EXPN":
+		s.writeReply(reply{502, "5.5.1", "EXPN not supported"})
+	case "HELP":
+		s.writeReply(reply{214, "2.0.0", "See RFC 5321 (https://www.rfc-editor.org/rfc/rfc5321)"})
+	case "STARTTLS":
+		return s.startTLS(cmd.arg)
+	case "AUTH":
+		return s.auth(cmd.arg)
+	case "":
+		return errReply(500, "5.5.2", "Empty command")
+	default:
+		return errReply(500, "5.5.1", "Command not recognized")
+	}
+	return nil
+}
+
+func (s *session) hello(cmd command) error {
+	if !validHelo(cmd.arg) {
+		return errReply(501, "5.5.4", "Syntax: "+cmd.verb+" domain")
+	}
+	s.tx = nil
+	s.helo = cmd.arg
+	s.esmtp = cmd.verb != "HELO"
+	if !s.esmtp {
+		s.writeReply(reply{250, "", s.srv.Hostname})
+		return nil
+	}
+	lines := []string{
+		s.srv.Hostname + " greets " + cmd.arg,
+		"PIPELINING",
+		"SIZE " + strconv.FormatInt(s.lim.maxMessage, 10),
+		"8BITMIME",
+		"ENHANCEDSTATUSCODES",
+		"CHUNKING",
+		"SMTPUTF8",
+	}
+	if s.srv.TLSConfig != nil && s.conn.TLS() == nil {
+		lines = append(lines, "STARTTLS")
+	}
+	if s.authOffered() && s.user == "" {
+		lines = append(lines, "AUTH PLAIN LOGIN")
+	}
+	for i, l := range lines {
+		sep := "-"
+		if i == len(lines)-1 {
+			sep = " "
+		}
+		fmt.Fprintf(s.conn, "250%s%s\r\n", sep, l)
+	}
+	s.lastCode = 250
+	return nil
+}
+
+func (s *session) startTLS(arg string) error {
+	switch {
+	case s.srv.TLSConfig == nil:
+		return errReply(502, "5.5.1", "STARTTLS not supported")
+	case s.conn.TLS() != nil:
+		return errReply(503, "5.5.1", "TLS already active")
+	case arg != "":
+		return errReply(501, "5.5.4", "STARTTLS takes no arguments")
+	}
+	s.writeReply(reply{220, "2.0.0", "Ready to start TLS"})
+	if err := s.conn.Flush(); err != nil {
+		s.closing = true
+		return nil
+	}
+	if err := s.conn.StartTLS(s.srv.TLSConfig); err != nil {
+		s.log.Info("STARTTLS handshake failed", "err", err)
+		s.closing = true
+		return nil
+	}
+	// RFC 3207 section 4.2: forget everything learnt before TLS.
+	s.helo, s.esmtp, s.user, s.tx = "", false, "", nil
+	return nil
+}
+
+// authOffered reports whether AUTH may be used now (RFC 8314 section 3.3 /
+// RFC 4954 section 4: not over plaintext unless allowed).
+func (s *session) authOffered() bool {
+	if s.srv.Mode != ModeSubmission {
+		return false
+	}
+	return s.conn.TLS() != nil || s.srv.AllowInsecureAuth || s.conn.RemoteAddr().Addr().IsLoopback()
+}
+
+func (s *session) mail(arg string) error {
+	switch {
+	case s.helo == "":
+		return errReply(503, "5.5.1", "Say "+s.helloVerb()+" first")
+	case s.tx != nil:
+		return errReply(503, "5.5.1", "Nested MAIL command")
+	case s.srv.Mode == ModeSubmission && s.user == "":
+		return errReply(530, "5.7.0", "Authentication required")
+	}
+	m, err := parseMail(arg, s.esmtp)
+	if err != nil {
+		return err
+	}
+	if m.size > s.lim.maxMessage {
+		return errReply(552, "5.3.4", "Message size exceeds fixed maximum message size")
+	}
+	if s.user != "" {
+		if err := s.srv.Backend.CheckSender(s.ctx, s.user, m.from); err != nil {
+			return err
+		}
+	}
+	s.tx = &transaction{from: m}
+	s.writeReply(reply{250, "2.1.0", "Sender OK"})
+	return nil
+}
+
+func (s *session) helloVerb() string {
+	if s.srv.Mode == ModeLMTP {
+		return "LHLO"
+	}
+	return "EHLO"
+}
+
+func (s *session) rcpt(arg string) error {
+	if s.tx == nil {
+		return errReply(503, "5.5.1", "Need MAIL before RCPT")
+	}
+	addr, err := parseRcpt(arg, s.tx.from.smtpUTF8)
+	if err != nil {
+		return err
+	}
+	if len(s.tx.rcpts) >= s.lim.maxRecipients {
+		return errReply(452, "4.5.3", "Too many recipients")
+	}
+	if addr.Domain == "" {
+		// RFC 5321 section 4.5.1: "postmaster" without a domain is this
+		// host's postmaster.
+		addr.Domain = s.srv.Hostname
+	}
+	rcpt, err := s.srv.Backend.Resolve(s.ctx, addr, delivery.ResolveOptions{
+		Authenticated: s.user != "",
+		Size:          s.tx.from.size,
+	})
+	if err != nil {
+		return err
+	}
+	if s.srv.Mode != ModeLMTP {
+		// One copy per mailbox, however many of its addresses were named.
+		// LMTP keeps duplicates: each RCPT gets its own reply after DATA.
+		for _, r := range s.tx.rcpts {
+			if r.User == rcpt.User {
+				s.writeReply(reply{250, "2.1.5", "Recipient OK"})
+				return nil
+			}
+		}
+	}
+	s.tx.rcpts = append(s.tx.rcpts, rcpt)
+	s.writeReply(reply{250, "2.1.5", "Recipient OK"})
+	return nil
+}
+
+// dataReady checks the transaction before DATA or BDAT.
+func (s *session) dataReady() error {
+	switch {
+	case s.tx == nil:
+		return errReply(503, "5.5.1", "Need MAIL first")
+	case len(s.tx.rcpts) == 0:
+		return errReply(554, "5.5.1", "No valid recipients")
+	}
+	return nil
+}
+
+func (s *session) data(arg string) error {
+	if arg != "" {
+		return errReply(501, "5.5.4", "DATA takes no arguments")
+	}
+	if err := s.dataReady(); err != nil {
+		return err
+	}
+	s.writeReply(reply{354, "", "Start mail input; end with <CRLF>.<CRLF>"})
+	if err := s.conn.Flush(); err != nil {
+		s.closing = true
+		return nil
+	}
+	prev := s.conn.ReadTimeout()
+	s.conn.SetReadTimeout(s.lim.dataTimeout)
+	defer s.conn.SetReadTimeout(prev)
+
+	body := newDataReader(s.conn.Reader(), s.lim.maxMessage, s.lim.maxDataLine)
+	results, err := s.deliver(body, func() bool { return body.eofSeen })
+	if derr := body.drain(); derr != nil {
+		s.log.Info("connection failed during DATA", "err", derr)
+		s.closing = true
+		return nil
+	}
+	s.finish(results, err)
+	return nil
+}
+
+// deliver hands the message to the Backend: trace fields (RFC 5321 section
+// 4.4) followed by the body as it streams in. complete reports whether the
+// body was read to its end.
+func (s *session) deliver(body io.Reader, complete func() bool) ([]error, error) {
+	tx := s.tx
+	id := newID()
+	now := s.srv.now()
+	header := s.traceFields(tx, id, now)
+	results, err := s.srv.Backend.Deliver(s.ctx, delivery.Message{
+		ReturnPath: tx.from.from,
+		Recipients: tx.rcpts,
+		Body:       io.MultiReader(strings.NewReader(header), body),
+		ReceivedAt: now,
+	})
+	if err == nil && !complete() {
+		// Acknowledging would claim a truncated message durable.
+		err = errors.New("smtp: backend returned before reading the whole body")
+	}
+	if err == nil && len(results) != len(tx.rcpts) {
+		err = fmt.Errorf("smtp: backend returned %d results for %d recipients", len(results), len(tx.rcpts))
+	}
+	s.log.Info("message", "id", id, "from", tx.from.from.String(), "rcpts", len(tx.rcpts), "err", err)
+	return results, err
+}
+
+// finish answers the end of a message and ends the transaction. LMTP gets
+// one reply per recipient in RCPT order (RFC 2033 section 4.2); SMTP one
+// for all.
+func (s *session) finish(results []error, err error) {
+	defer func() { s.tx = nil }()
+	if s.closing {
+		return
+	}
+	var rcptErr func(i int) error
+	if err != nil {
+		if r, known := replyFor(err); !known {
+			s.log.Warn("delivery failed", "err", err)
+			err = errReply(r.code, r.enh, r.text)
+		}
+		rcptErr = func(int) error { return err }
+	} else {
+		rcptErr = func(i int) error { return results[i] }
+	}
+	if s.srv.Mode == ModeLMTP {
+		for i, rc := range s.tx.rcpts {
+			if e := rcptErr(i); e != nil {
+				r, _ := replyFor(e)
+				s.writeReply(reply{r.code, r.enh, "<" + rc.Address.String() + "> " + r.text})
+			} else {
+				s.writeReply(reply{250, "2.0.0", "<" + rc.Address.String() + "> Delivered"})
+			}
+		}
+		return
+	}
+	if err != nil {
+		s.writeError(err, "delivery")
+		return
+	}
+	// SMTP has one reply for all recipients. Any success is durable, so
+	// it must be acknowledged unless a temporary failure makes a retry
+	// worth a duplicate (RFC 5321 section 6.1 prefers duplicates to loss).
+	var temp, perm []error
+	var refused []string
+	for i, e := range results {
+		if e == nil {
+			continue
+		}
+		r, known := replyFor(e)
+		if !known {
+			s.log.Warn("delivery to recipient failed", "rcpt", s.tx.rcpts[i].User, "err", e)
+		}
+		if r.temporary() {
+			temp = append(temp, e)
+		} else {
+			perm = append(perm, e)
+		}
+		refused = append(refused, s.tx.rcpts[i].User)
+	}
+	switch {
+	case len(temp) > 0:
+		s.writeError(temp[0], "delivery")
+	case len(perm) == len(results):
+		s.writeError(perm[0], "delivery")
+	default:
+		if len(perm) > 0 {
+			// TODO(outbound): send a DSN for these recipients once Quill
+			// has an outbound queue; until then they are only logged.
+			s.log.Error("recipients refused after DATA; no bounce sent", "refused", refused)
+		}
+		s.writeReply(reply{250, "2.0.0", "OK: message accepted"})
+	}
+}
+
+// traceFields returns the Return-Path and Received fields that begin the
+// stored message (RFC 5321 section 4.4; protocol names from RFC 3848 and
+// RFC 6531 section 3.7.3).
+func (s *session) traceFields(tx *transaction, id string, now time.Time) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Return-Path: <%s>\r\n", tx.from.from.String())
+	proto := "SMTP"
+	if s.srv.Mode == ModeLMTP {
+		proto = "LMTP"
+	}
+	if s.esmtp && s.srv.Mode != ModeLMTP {
+		proto = "ESMTP"
+	}
+	if tx.from.smtpUTF8 {
+		proto = "UTF8" + strings.TrimPrefix(proto, "E")
+	}
+	if s.conn.TLS() != nil && proto != "SMTP" {
+		proto += "S"
+	}
+	if s.user != "" && proto != "SMTP" {
+		proto += "A"
+	}
+	fmt.Fprintf(&b, "Received: from %s (%s)\r\n\tby %s (Quill) with %s id %s",
+		s.helo, addressLiteral(s.conn.RemoteAddr().Addr().String()), s.srv.Hostname, proto, id)
+	if len(tx.rcpts) == 1 {
+		fmt.Fprintf(&b, "\r\n\tfor <%s>", tx.rcpts[0].Address.String())
+	}
+	fmt.Fprintf(&b, ";\r\n\t%s\r\n", now.Format("Mon, 02 Jan 2006 15:04:05 -0700"))
+	return b.String()
+}
+
+// addressLiteral formats an IP as an RFC 5321 section 4.1.3 address literal.
+func addressLiteral(ip string) string {
+	if strings.Contains(ip, ":") {
+		return "[IPv6:" + ip + "]"
+	}
+	return "[" + ip + "]"
+}

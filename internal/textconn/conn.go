@@ -1,0 +1,319 @@
+// Package textconn provides what every line-oriented text protocol front end
+// (SMTP, LMTP, POP3, IMAP) needs below its state machine: a connection with
+// bounded line reads and per-operation deadlines, the STARTTLS upgrade, an
+// accept loop with graceful shutdown and panic recovery, connection limits
+// per remote address and in total, and the shared front-end metrics.
+package textconn
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+)
+
+// ErrLineTooLong is returned by ReadLine for a line longer than
+// Options.MaxLine. The rest of the line has been consumed and discarded, so
+// the caller may reply and keep reading.
+var ErrLineTooLong = errors.New("textconn: line too long")
+
+// ErrShutdown is returned by ReadLine once the shutdown signal given to
+// WatchShutdown has fired and no complete line is buffered: the caller
+// should say goodbye (421, -ERR, * BYE) and return.
+var ErrShutdown = errors.New("textconn: server shutting down")
+
+// Options bound a Conn. Zero durations mean no deadline.
+type Options struct {
+	MaxLine      int           // longest accepted line in octets, CRLF excluded
+	ReadTimeout  time.Duration // deadline for each ReadLine (idle / per-command timeout)
+	WriteTimeout time.Duration // deadline for each write to the network (each Flush)
+	// HandshakeTimeout bounds a TLS handshake; 0 means ReadTimeout.
+	HandshakeTimeout time.Duration
+	// Metrics, if not nil, counts the bytes received and sent on the wire
+	// (TLS records included).
+	Metrics *Metrics
+}
+
+// DefaultMaxLine is used when Options.MaxLine is not positive.
+const DefaultMaxLine = 8192
+
+// Conn is a line-oriented text protocol connection. It is used by one
+// goroutine, apart from WatchShutdown's signal and Close, which may come from
+// any goroutine.
+//
+// Reads have two deadline regimes: ReadLine gives the whole line
+// ReadTimeout (a client cannot hold a command open by trickling bytes),
+// while reads through Reader() renew the deadline on every network read
+// (bodies are long; only a stalled peer times out).
+type Conn struct {
+	raw    net.Conn // the accepted connection, counting bytes; deadlines are set on it
+	nc     net.Conn // raw, or the *tls.Conn over it
+	br     *bufio.Reader
+	bw     *bufio.Writer
+	opts   Options
+	remote netip.AddrPort
+	tls    *tls.ConnectionState
+
+	readTimeout time.Duration
+	// lineDeadline is true while ReadLine runs: the deadline it set covers
+	// the whole line and must not be renewed per network read.
+	lineDeadline bool
+
+	mu struct {
+		sync.Mutex
+		shutdown bool // the shutdown signal fired
+		inLine   bool // ReadLine is waiting for input
+	}
+}
+
+// New wraps c. The caller keeps ownership of c through the Conn: Close
+// closes it.
+func New(c net.Conn, opts Options) *Conn {
+	if opts.MaxLine <= 0 {
+		opts.MaxLine = DefaultMaxLine
+	}
+	tc := &Conn{opts: opts, readTimeout: opts.ReadTimeout}
+	tc.raw = c
+	if opts.Metrics != nil {
+		tc.raw = &countingConn{Conn: c, m: opts.Metrics}
+	}
+	tc.nc = tc.raw
+	tc.remote = addrPort(c.RemoteAddr())
+	// The buffer must hold a maximal line plus CRLF so that ReadSlice can
+	// return it whole; 4 KiB keeps syscalls few for short lines.
+	tc.br = bufio.NewReaderSize(deadlineReader{tc}, max(4096, opts.MaxLine+2))
+	tc.bw = bufio.NewWriterSize(deadlineWriter{tc}, 4096)
+	return tc
+}
+
+func addrPort(a net.Addr) netip.AddrPort {
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		ap := a.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	case nil:
+		return netip.AddrPort{}
+	}
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		return netip.AddrPort{}
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
+
+// deadlineReader renews the read deadline before each network read unless
+// ReadLine has set one for the whole line.
+type deadlineReader struct{ c *Conn }
+
+func (r deadlineReader) Read(p []byte) (int, error) {
+	c := r.c
+	if !c.lineDeadline && c.readTimeout > 0 {
+		_ = c.raw.SetReadDeadline(time.Now().Add(c.readTimeout))
+	}
+	return c.nc.Read(p)
+}
+
+// deadlineWriter applies WriteTimeout to each network write.
+type deadlineWriter struct{ c *Conn }
+
+func (w deadlineWriter) Write(p []byte) (int, error) {
+	if w.c.opts.WriteTimeout > 0 {
+		_ = w.c.raw.SetWriteDeadline(time.Now().Add(w.c.opts.WriteTimeout))
+	}
+	return w.c.nc.Write(p)
+}
+
+// ReadLine returns the next line without its CRLF (a bare LF also ends a
+// line). The slice is valid until the next read. A line longer than MaxLine
+// is consumed and discarded and ErrLineTooLong returned, holding at most one
+// buffer of it in memory. A timeout satisfies
+// errors.Is(err, os.ErrDeadlineExceeded); after the shutdown signal the error
+// is ErrShutdown once no complete line is buffered.
+func (c *Conn) ReadLine() ([]byte, error) {
+	c.mu.Lock()
+	shutdown := c.mu.shutdown
+	switch {
+	case shutdown:
+		// Serve complete lines already received; fail at once otherwise.
+		_ = c.raw.SetReadDeadline(time.Unix(1, 0))
+	case c.readTimeout > 0:
+		_ = c.raw.SetReadDeadline(time.Now().Add(c.readTimeout))
+	default:
+		_ = c.raw.SetReadDeadline(time.Time{})
+	}
+	c.mu.inLine = true
+	c.mu.Unlock()
+	c.lineDeadline = true
+
+	line, err := c.readLine()
+
+	c.lineDeadline = false
+	c.mu.Lock()
+	c.mu.inLine = false
+	shutdown = c.mu.shutdown
+	c.mu.Unlock()
+	if err != nil && shutdown && errors.Is(err, os.ErrDeadlineExceeded) {
+		return nil, ErrShutdown
+	}
+	return line, err
+}
+
+func (c *Conn) readLine() ([]byte, error) {
+	line, err := c.br.ReadSlice('\n')
+	if errors.Is(err, bufio.ErrBufferFull) {
+		for errors.Is(err, bufio.ErrBufferFull) {
+			_, err = c.br.ReadSlice('\n')
+		}
+		if err != nil {
+			return nil, err
+		}
+		return nil, ErrLineTooLong
+	}
+	if err != nil {
+		if errors.Is(err, io.EOF) && len(line) > 0 {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	line = line[:len(line)-1]
+	if n := len(line); n > 0 && line[n-1] == '\r' {
+		line = line[:n-1]
+	}
+	if len(line) > c.opts.MaxLine {
+		return nil, ErrLineTooLong
+	}
+	return line, nil
+}
+
+// HasLine reports whether a complete line is already buffered, so that
+// reading it will not block. PIPELINING (RFC 2920 section 3.2) servers flush
+// their replies only when it is false.
+func (c *Conn) HasLine() bool {
+	n := c.br.Buffered()
+	if n == 0 {
+		return false
+	}
+	b, _ := c.br.Peek(n)
+	return bytes.IndexByte(b, '\n') >= 0
+}
+
+// Buffered returns the number of input bytes already read ahead.
+func (c *Conn) Buffered() int { return c.br.Buffered() }
+
+// Reader returns the buffered reader for message bodies and literals; the
+// caller bounds what it reads. Each network read gets the read timeout.
+func (c *Conn) Reader() *bufio.Reader { return c.br }
+
+// SetReadTimeout changes the read timeout for subsequent reads (for example
+// the longer DATA timeout, RFC 5321 section 4.5.3.2.5).
+func (c *Conn) SetReadTimeout(d time.Duration) { c.readTimeout = d }
+
+// ReadTimeout returns the current read timeout.
+func (c *Conn) ReadTimeout() time.Duration { return c.readTimeout }
+
+// Write buffers p.
+func (c *Conn) Write(p []byte) (int, error) { return c.bw.Write(p) }
+
+// WriteString buffers s.
+func (c *Conn) WriteString(s string) (int, error) { return c.bw.WriteString(s) }
+
+// Flush writes buffered output, each network write bounded by WriteTimeout.
+func (c *Conn) Flush() error { return c.bw.Flush() }
+
+// StartTLS runs the server side of a TLS handshake on the connection,
+// bounded by HandshakeTimeout. Output must have been flushed. Any plaintext
+// input read ahead is discarded: a client may not pipeline past STARTTLS
+// (RFC 3207 section 4.2, RFC 2595 section 3.1), and honouring such bytes
+// would let an attacker inject commands into the protected session.
+// Implicit-TLS listeners call it right after New. On error the connection
+// is unusable and must be closed.
+func (c *Conn) StartTLS(cfg *tls.Config) error {
+	if c.tls != nil {
+		return errors.New("textconn: TLS already active")
+	}
+	if c.bw.Buffered() > 0 {
+		return errors.New("textconn: StartTLS with unflushed output")
+	}
+	c.br.Reset(deadlineReader{c})
+	tc := tls.Server(c.raw, cfg)
+	timeout := c.opts.HandshakeTimeout
+	if timeout == 0 {
+		timeout = c.opts.ReadTimeout
+	}
+	var deadline time.Time
+	if timeout > 0 {
+		deadline = time.Now().Add(timeout)
+	}
+	_ = c.raw.SetDeadline(deadline)
+	if err := tc.Handshake(); err != nil {
+		return fmt.Errorf("textconn: TLS handshake: %w", err)
+	}
+	st := tc.ConnectionState()
+	c.nc = tc
+	c.tls = &st
+	return nil
+}
+
+// TLS returns the TLS state, or nil on a plaintext connection.
+func (c *Conn) TLS() *tls.ConnectionState { return c.tls }
+
+// RemoteAddr returns the peer's address (IPv4-mapped IPv6 unmapped).
+func (c *Conn) RemoteAddr() netip.AddrPort { return c.remote }
+
+// LocalAddr returns the local end's address.
+func (c *Conn) LocalAddr() netip.AddrPort { return addrPort(c.raw.LocalAddr()) }
+
+// WatchShutdown arranges for ReadLine to return ErrShutdown once shutdown is
+// closed: immediately when it is waiting for a client that is idle, or at
+// the next ReadLine otherwise, so a command in progress (a message body)
+// completes. stop ends the watch; call it before returning.
+func (c *Conn) WatchShutdown(shutdown <-chan struct{}) (stop func()) {
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		select {
+		case <-shutdown:
+			c.mu.Lock()
+			c.mu.shutdown = true
+			if c.mu.inLine {
+				_ = c.raw.SetReadDeadline(time.Unix(1, 0))
+			}
+			c.mu.Unlock()
+		case <-done:
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(done) })
+		<-exited
+	}
+}
+
+// Close closes the connection without flushing.
+func (c *Conn) Close() error { return c.nc.Close() }
+
+// countingConn counts wire bytes into Metrics.
+type countingConn struct {
+	net.Conn
+	m *Metrics
+}
+
+func (c *countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.m.received(n)
+	return n, err
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.m.sent(n)
+	return n, err
+}

@@ -1,0 +1,318 @@
+package textconn
+
+import (
+	"bufio"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"io"
+	"math/big"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// pipe returns a server-side Conn and the client end of a real loopback
+// TCP connection; both are closed when the test ends.
+func pipe(t *testing.T, opts Options) (*Conn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		c, err := ln.Accept()
+		ch <- res{c, err}
+	}()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	c := New(r.c, opts)
+	t.Cleanup(func() {
+		c.Close()
+		client.Close()
+	})
+	return c, client
+}
+
+func TestReadLine(t *testing.T) {
+	c, client := pipe(t, Options{MaxLine: 10, ReadTimeout: 10 * time.Second})
+	long := strings.Repeat("x", 100000) // far beyond the buffer
+	input := "crlf\r\nbare lf\n0123456789\r\n01234567890\r\n" + long + "\r\nafter\r\n\r\nlast\r\n"
+	go func() { _, _ = io.WriteString(client, input) }()
+
+	want := []struct {
+		line string
+		err  error
+	}{
+		{"crlf", nil},
+		{"bare lf", nil},
+		{"0123456789", nil}, // exactly MaxLine
+		{"", ErrLineTooLong},
+		{"", ErrLineTooLong},
+		{"after", nil},
+		{"", nil},
+		{"last", nil},
+	}
+	for i, w := range want {
+		line, err := c.ReadLine()
+		if !errors.Is(err, w.err) || (err == nil && string(line) != w.line) {
+			t.Fatalf("line %d: got %q, %v; want %q, %v", i, line, err, w.line, w.err)
+		}
+	}
+	client.Close()
+	if _, err := c.ReadLine(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after close: %v, want EOF", err)
+	}
+}
+
+func TestReadLineUnterminatedAtEOF(t *testing.T) {
+	c, client := pipe(t, Options{MaxLine: 100, ReadTimeout: 10 * time.Second})
+	_, _ = io.WriteString(client, "partial")
+	client.Close()
+	if _, err := c.ReadLine(); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("got %v, want ErrUnexpectedEOF", err)
+	}
+}
+
+func TestReadLineTimeout(t *testing.T) {
+	c, client := pipe(t, Options{MaxLine: 100, ReadTimeout: 50 * time.Millisecond})
+	// A client trickling an incomplete line does not extend the deadline:
+	// the whole line must arrive within ReadTimeout.
+	_, _ = io.WriteString(client, "NOO")
+	start := time.Now()
+	_, err := c.ReadLine()
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("got %v, want deadline exceeded", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("timeout took %v", d)
+	}
+}
+
+func TestReaderRenewsDeadlinePerRead(t *testing.T) {
+	c, client := pipe(t, Options{MaxLine: 100, ReadTimeout: 50 * time.Millisecond})
+	c.SetReadTimeout(10 * time.Second)
+	if c.ReadTimeout() != 10*time.Second {
+		t.Fatal("SetReadTimeout not applied")
+	}
+	go func() { _, _ = io.WriteString(client, "body bytes") }()
+	buf := make([]byte, 10)
+	if _, err := io.ReadFull(c.Reader(), buf); err != nil || string(buf) != "body bytes" {
+		t.Fatalf("got %q, %v", buf, err)
+	}
+	c.SetReadTimeout(50 * time.Millisecond)
+	if _, err := c.Reader().ReadByte(); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("got %v, want deadline exceeded", err)
+	}
+}
+
+func TestWriteFlushAndBuffered(t *testing.T) {
+	c, client := pipe(t, Options{MaxLine: 100, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second})
+	if c.RemoteAddr().Addr().String() != "127.0.0.1" || c.LocalAddr().Port() == 0 {
+		t.Fatalf("addresses: %v %v", c.RemoteAddr(), c.LocalAddr())
+	}
+	_, _ = io.WriteString(client, "one\r\ntwo\r\nthr")
+	if _, err := c.ReadLine(); err != nil {
+		t.Fatal(err)
+	}
+	// All 14 bytes arrived in one segment on loopback, but that is not
+	// guaranteed: read "two" first, after which only "thr" may remain.
+	if _, err := c.ReadLine(); err != nil {
+		t.Fatal(err)
+	}
+	if c.HasLine() {
+		t.Fatal("HasLine with only a partial line buffered")
+	}
+	_, _ = io.WriteString(client, "ee\r\n")
+	if l, err := c.ReadLine(); err != nil || string(l) != "three" {
+		t.Fatalf("got %q, %v", l, err)
+	}
+	if c.Buffered() != 0 || c.HasLine() {
+		t.Fatal("input left buffered")
+	}
+	if _, err := c.WriteString("hello "); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("world\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := bufio.NewReader(client).ReadString('\n')
+	if err != nil || got != "hello world\r\n" {
+		t.Fatalf("client got %q, %v", got, err)
+	}
+}
+
+// testTLS returns a server config with a fresh self-signed certificate for
+// "localhost" and a client config trusting it.
+func testTLS(t testing.TB) (server, client *tls.Config) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "localhost"},
+		DNSNames:     []string{"localhost"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}},
+		&tls.Config{RootCAs: pool, ServerName: "localhost"}
+}
+
+func TestStartTLSDiscardsPipelinedPlaintext(t *testing.T) {
+	srvCfg, cliCfg := testTLS(t)
+	c, client := pipe(t, Options{MaxLine: 100, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second})
+	// The injected line arrives with STARTTLS, before the handshake: it must
+	// not be executed inside the TLS session (CVE-2011-0411).
+	if _, err := io.WriteString(client, "STARTTLS\r\nINJECTED\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		br := bufio.NewReader(client)
+		if l, err := br.ReadString('\n'); err != nil || l != "220 go\r\n" {
+			errc <- errors.New("bad reply: " + l)
+			return
+		}
+		tc := tls.Client(client, cliCfg)
+		if err := tc.Handshake(); err != nil {
+			errc <- err
+			return
+		}
+		_, err := io.WriteString(tc, "SECURE\r\n")
+		errc <- err
+	}()
+	if l, err := c.ReadLine(); err != nil || string(l) != "STARTTLS" {
+		t.Fatalf("got %q, %v", l, err)
+	}
+	if c.TLS() != nil {
+		t.Fatal("TLS state before handshake")
+	}
+	_, _ = c.WriteString("220 go\r\n")
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartTLS(srvCfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if c.TLS() == nil || !c.TLS().HandshakeComplete {
+		t.Fatal("no TLS state after handshake")
+	}
+	if l, err := c.ReadLine(); err != nil || string(l) != "SECURE" {
+		t.Fatalf("first line after TLS: %q, %v", l, err)
+	}
+	if err := c.StartTLS(srvCfg); err == nil {
+		t.Fatal("second StartTLS succeeded")
+	}
+}
+
+func TestStartTLSHandshakeTimeout(t *testing.T) {
+	srvCfg, _ := testTLS(t)
+	c, _ := pipe(t, Options{MaxLine: 100, HandshakeTimeout: 50 * time.Millisecond})
+	// The client never sends a ClientHello.
+	err := c.StartTLS(srvCfg)
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("got %v, want deadline exceeded", err)
+	}
+}
+
+func TestStartTLSRequiresFlushedOutput(t *testing.T) {
+	srvCfg, _ := testTLS(t)
+	c, _ := pipe(t, Options{MaxLine: 100})
+	_, _ = c.WriteString("unflushed")
+	if err := c.StartTLS(srvCfg); err == nil {
+		t.Fatal("StartTLS with buffered output succeeded")
+	}
+}
+
+func TestWatchShutdownWakesIdleReader(t *testing.T) {
+	c, client := pipe(t, Options{MaxLine: 100, ReadTimeout: time.Minute})
+	shutdown := make(chan struct{})
+	stop := c.WatchShutdown(shutdown)
+	defer stop()
+	_, _ = io.WriteString(client, "queued\r\n")
+	if l, err := c.ReadLine(); err != nil || string(l) != "queued" {
+		t.Fatalf("got %q, %v", l, err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.ReadLine()
+		errc <- err
+	}()
+	close(shutdown)
+	if err := <-errc; !errors.Is(err, ErrShutdown) {
+		t.Fatalf("got %v, want ErrShutdown", err)
+	}
+	if _, err := c.ReadLine(); !errors.Is(err, ErrShutdown) {
+		t.Fatalf("second read: %v, want ErrShutdown", err)
+	}
+}
+
+func TestWatchShutdownServesBufferedLines(t *testing.T) {
+	c, client := pipe(t, Options{MaxLine: 100, ReadTimeout: time.Minute})
+	_, _ = io.WriteString(client, "a\r\nb\r\n")
+	if l, err := c.ReadLine(); err != nil || string(l) != "a" {
+		t.Fatalf("got %q, %v", l, err)
+	}
+	shutdown := make(chan struct{})
+	close(shutdown)
+	stop := c.WatchShutdown(shutdown)
+	defer stop()
+	// Whether or not the watcher goroutine has run yet, "b" is served and
+	// the read after it fails with ErrShutdown rather than blocking.
+	var lines []string
+	for {
+		l, err := c.ReadLine()
+		if errors.Is(err, ErrShutdown) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines = append(lines, string(l))
+		if len(lines) > 1 {
+			t.Fatalf("read %q after shutdown", lines)
+		}
+	}
+	if len(lines) != 1 || lines[0] != "b" {
+		t.Fatalf("lines %q", lines)
+	}
+}

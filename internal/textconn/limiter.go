@@ -1,0 +1,71 @@
+package textconn
+
+import (
+	"net/netip"
+	"sync"
+)
+
+// Limiter bounds connections per remote address and in total. One Limiter
+// is shared by every listener of a node. IPv6 peers are counted per /64,
+// the smallest prefix a single host is usually given, so that one host
+// cannot evade the limit by rotating addresses. A nil *Limiter admits
+// everything. It is safe for concurrent use.
+type Limiter struct {
+	perIP, total int
+
+	mu struct {
+		sync.Mutex
+		n    int
+		byIP map[netip.Addr]int
+	}
+}
+
+// NewLimiter returns a Limiter admitting at most perIP connections from one
+// address and total connections in all; a value <= 0 means no limit.
+func NewLimiter(perIP, total int) *Limiter {
+	l := &Limiter{perIP: perIP, total: total}
+	l.mu.byIP = make(map[netip.Addr]int)
+	return l
+}
+
+// Acquire admits one connection from ip. When ok, release must be called
+// exactly once when the connection ends (further calls are no-ops).
+func (l *Limiter) Acquire(ip netip.Addr) (release func(), ok bool) {
+	if l == nil {
+		return func() {}, true
+	}
+	key := limitKey(ip)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.total > 0 && l.mu.n >= l.total {
+		return nil, false
+	}
+	if l.perIP > 0 && l.mu.byIP[key] >= l.perIP {
+		return nil, false
+	}
+	l.mu.n++
+	l.mu.byIP[key]++
+	var once sync.Once
+	return func() { once.Do(func() { l.release(key) }) }, true
+}
+
+func (l *Limiter) release(key netip.Addr) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.mu.n--
+	if c := l.mu.byIP[key] - 1; c > 0 {
+		l.mu.byIP[key] = c
+	} else {
+		delete(l.mu.byIP, key)
+	}
+}
+
+func limitKey(ip netip.Addr) netip.Addr {
+	ip = ip.Unmap()
+	if ip.Is6() {
+		if p, err := ip.Prefix(64); err == nil {
+			return p.Addr()
+		}
+	}
+	return ip
+}

@@ -1,0 +1,219 @@
+package textconn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"runtime/debug"
+	"sync"
+	"time"
+)
+
+// ErrServerClosed is returned by Serve after Shutdown or Close.
+var ErrServerClosed = errors.New("textconn: server closed")
+
+// Handler serves one connection and returns when it is done; the Server
+// closes nc afterwards. ctx is cancelled when the Server is closed (a hard
+// stop: abandon work). shutdown is closed when a graceful Shutdown begins:
+// finish the command in progress, tell an idle client goodbye and return
+// (Conn.WatchShutdown does the waking).
+type Handler func(ctx context.Context, nc net.Conn, shutdown <-chan struct{})
+
+// Server is the accept loop shared by every front end: it applies the
+// connection Limiter, keeps the connection metrics, recovers a panicking
+// handler (logged with its stack; only that connection is lost) and
+// implements Serve / Shutdown / Close in the manner of net/http.
+// Set the fields before the first Serve.
+type Server struct {
+	Name    string // listener name for logs
+	Handler Handler
+	Logger  *slog.Logger // nil: slog.Default()
+	Metrics *Metrics     // may be nil
+	Limiter *Limiter     // may be nil
+	// LimitReply is written to a connection refused by the Limiter before
+	// it is closed, e.g. "421 4.7.0 Too many connections\r\n".
+	LimitReply string
+
+	wg sync.WaitGroup // one per connection goroutine and per Serve
+	mu struct {
+		sync.Mutex
+		init      bool
+		ctx       context.Context
+		cancel    context.CancelFunc
+		shutdown  chan struct{}
+		closing   bool
+		listeners map[net.Listener]struct{}
+		conns     map[net.Conn]struct{}
+	}
+}
+
+func (s *Server) initLocked() {
+	if s.mu.init {
+		return
+	}
+	s.mu.init = true
+	s.mu.ctx, s.mu.cancel = context.WithCancel(context.Background())
+	s.mu.shutdown = make(chan struct{})
+	s.mu.listeners = make(map[net.Listener]struct{})
+	s.mu.conns = make(map[net.Conn]struct{})
+}
+
+func (s *Server) logger() *slog.Logger {
+	if s.Logger != nil {
+		return s.Logger
+	}
+	return slog.Default()
+}
+
+// Serve accepts connections on ln until Shutdown or Close, serving each on
+// its own goroutine, and returns ErrServerClosed then. It closes ln.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	s.initLocked()
+	if s.mu.closing {
+		s.mu.Unlock()
+		ln.Close()
+		return ErrServerClosed
+	}
+	s.mu.listeners[ln] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		delete(s.mu.listeners, ln)
+		s.mu.Unlock()
+		ln.Close()
+	}()
+
+	var backoff time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closing := s.mu.closing
+			s.mu.Unlock()
+			if closing {
+				return ErrServerClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, errTooManyFiles) {
+				// Transient (EMFILE and the like): back off as net/http does
+				// rather than spin.
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				s.logger().Warn("accept failed; retrying", "listener", s.Name, "err", err, "backoff", backoff)
+				t := time.NewTimer(backoff)
+				select {
+				case <-t.C:
+				case <-s.mu.shutdown:
+					t.Stop()
+				}
+				continue
+			}
+			return fmt.Errorf("textconn: accept on %s: %w", s.Name, err)
+		}
+		backoff = 0
+		s.start(nc)
+	}
+}
+
+func (s *Server) start(nc net.Conn) {
+	release, ok := s.Limiter.Acquire(addrPort(nc.RemoteAddr()).Addr())
+	s.mu.Lock()
+	if s.mu.closing {
+		s.mu.Unlock()
+		nc.Close()
+		if ok {
+			release()
+		}
+		return
+	}
+	s.mu.conns[nc] = struct{}{}
+	ctx, shutdown := s.mu.ctx, s.mu.shutdown
+	s.wg.Add(1)
+	s.mu.Unlock()
+
+	go func() {
+		defer s.wg.Done()
+		defer func() {
+			s.mu.Lock()
+			delete(s.mu.conns, nc)
+			s.mu.Unlock()
+			nc.Close()
+		}()
+		if !ok {
+			s.Metrics.reject()
+			s.logger().Info("connection refused: limit reached", "listener", s.Name, "remote", nc.RemoteAddr().String())
+			if s.LimitReply != "" {
+				_ = nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
+				_, _ = nc.Write([]byte(s.LimitReply))
+			}
+			return
+		}
+		defer release()
+		s.Metrics.opened()
+		defer s.Metrics.closed()
+		defer func() {
+			if r := recover(); r != nil {
+				s.logger().Error("panic serving connection", "listener", s.Name,
+					"remote", nc.RemoteAddr().String(), "panic", r, "stack", string(debug.Stack()))
+			}
+		}()
+		s.Handler(ctx, nc, shutdown)
+	}()
+}
+
+// Shutdown stops accepting, signals every connection to finish (idle ones
+// are told goodbye by their handler) and waits until all have returned or
+// ctx is done; then it closes whatever remains and returns ctx.Err().
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.initLocked()
+	if !s.mu.closing {
+		s.mu.closing = true
+		close(s.mu.shutdown)
+	}
+	for ln := range s.mu.listeners {
+		ln.Close()
+	}
+	s.mu.Unlock()
+
+	done := make(chan struct{})
+	go func() {
+		s.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		s.mu.Lock()
+		s.mu.cancel()
+		s.mu.Unlock()
+		return nil
+	case <-ctx.Done():
+		s.Close()
+		<-done
+		return ctx.Err()
+	}
+}
+
+// Close stops accepting, cancels every handler's context and closes every
+// connection now. It does not wait for handlers to return; Shutdown does.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.initLocked()
+	if !s.mu.closing {
+		s.mu.closing = true
+		close(s.mu.shutdown)
+	}
+	s.mu.cancel()
+	for ln := range s.mu.listeners {
+		ln.Close()
+	}
+	for nc := range s.mu.conns {
+		nc.Close()
+	}
+	return nil
+}
