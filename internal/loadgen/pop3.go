@@ -1,0 +1,162 @@
+package loadgen
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+)
+
+// POP3Options describe a mailbox to retrieve.
+type POP3Options struct {
+	Addr     string // host:port of a plaintext POP3 listener
+	User     string
+	Password string
+	Dialer   Dialer        // default a net.Dialer
+	Timeout  time.Duration // bounds every reply; default 60s
+	// MaxMessageSize bounds one retrieved message; default 64 MiB.
+	MaxMessageSize int
+}
+
+// POP3 limits: RFC 1939 section 3 caps a response line at 512 octets; a
+// message line may be as long as the server stored it, and RFC 5322
+// section 2.1.1 caps that at 998 octets, which we exceed generously.
+const (
+	maxPOP3Status  = 2048
+	maxMessageLine = 64 << 10
+)
+
+// FetchPOP3 logs in with USER/PASS (RFC 1939 section 7) and calls fn with
+// every message of the maildrop, in order, as stored: the RETR response
+// with its dot-stuffing removed and CRLF line ends. msg is valid only
+// during the call. It deletes nothing. An error from fn stops the
+// retrieval and is returned.
+func FetchPOP3(ctx context.Context, o POP3Options, fn func(n int, msg []byte) error) (err error) {
+	if o.Timeout <= 0 {
+		o.Timeout = 60 * time.Second
+	}
+	if o.Dialer == nil {
+		o.Dialer = &net.Dialer{Timeout: o.Timeout}
+	}
+	if o.MaxMessageSize <= 0 {
+		o.MaxMessageSize = 64 << 20
+	}
+	conn, err := o.Dialer.DialContext(ctx, "tcp", o.Addr)
+	if err != nil {
+		return fmt.Errorf("pop3: %w", err)
+	}
+	defer conn.Close()
+	defer watch(ctx, conn)()
+	p := &pop3Conn{ctx: ctx, conn: conn, r: bufio.NewReaderSize(conn, maxMessageLine+2), w: bufio.NewWriter(conn), timeout: o.Timeout}
+
+	if _, err := p.status(); err != nil {
+		return fmt.Errorf("pop3: greeting: %w", err)
+	}
+	if _, err := p.cmd("USER " + o.User); err != nil {
+		return fmt.Errorf("pop3: USER: %w", err)
+	}
+	if _, err := p.cmd("PASS " + o.Password); err != nil {
+		return fmt.Errorf("pop3: PASS: %w", err)
+	}
+	stat, err := p.cmd("STAT")
+	if err != nil {
+		return fmt.Errorf("pop3: STAT: %w", err)
+	}
+	count, err := parseStat(stat)
+	if err != nil {
+		return err
+	}
+	var msg []byte
+	for i := 1; i <= count; i++ {
+		if _, err := p.cmd("RETR " + strconv.Itoa(i)); err != nil {
+			return fmt.Errorf("pop3: RETR %d: %w", i, err)
+		}
+		msg, err = readMultiline(p.r, msg[:0], o.MaxMessageSize)
+		if err != nil {
+			return fmt.Errorf("pop3: RETR %d: %w", i, err)
+		}
+		if err := fn(i, msg); err != nil {
+			return err
+		}
+	}
+	if _, err := p.cmd("QUIT"); err != nil {
+		return fmt.Errorf("pop3: QUIT: %w", err)
+	}
+	return nil
+}
+
+type pop3Conn struct {
+	ctx     context.Context
+	conn    net.Conn
+	r       *bufio.Reader
+	w       *bufio.Writer
+	timeout time.Duration
+}
+
+// cmd sends one command and returns the text after "+OK".
+func (p *pop3Conn) cmd(line string) (string, error) {
+	armDeadline(p.ctx, p.conn, p.timeout)
+	if _, err := p.w.WriteString(line + "\r\n"); err != nil {
+		return "", err
+	}
+	if err := p.w.Flush(); err != nil {
+		return "", err
+	}
+	return p.status()
+}
+
+func (p *pop3Conn) status() (string, error) {
+	armDeadline(p.ctx, p.conn, p.timeout)
+	line, err := readLine(p.r, maxPOP3Status)
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case bytes.HasPrefix(line, []byte("+OK")):
+		return string(bytes.TrimPrefix(line[3:], []byte(" "))), nil
+	case bytes.HasPrefix(line, []byte("-ERR")):
+		return "", fmt.Errorf("server said %q", line)
+	}
+	return "", fmt.Errorf("%w: bad POP3 status line %q", ErrProtocol, line)
+}
+
+// parseStat parses the STAT reply "nn mm" (RFC 1939 section 5).
+func parseStat(s string) (int, error) {
+	f := bytes.Fields([]byte(s))
+	if len(f) < 2 {
+		return 0, fmt.Errorf("%w: bad STAT reply %q", ErrProtocol, s)
+	}
+	n, err := strconv.Atoi(string(f[0]))
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%w: bad STAT reply %q", ErrProtocol, s)
+	}
+	return n, nil
+}
+
+// readMultiline reads a multi-line response body up to its "." line
+// (RFC 1939 section 3), removes the byte-stuffing, appends the content to
+// dst with CRLF line ends and returns it. The content may not exceed max
+// octets; lines may not exceed maxMessageLine.
+func readMultiline(r *bufio.Reader, dst []byte, max int) ([]byte, error) {
+	start := len(dst)
+	for {
+		line, err := readLine(r, maxMessageLine+2)
+		if err != nil {
+			return dst, err
+		}
+		if len(line) > 0 && line[0] == '.' {
+			if len(line) == 1 {
+				return dst, nil
+			}
+			line = line[1:]
+		}
+		if len(dst)-start+len(line)+2 > max {
+			return dst, fmt.Errorf("%w: message larger than %d octets", ErrProtocol, max)
+		}
+		dst = append(dst, line...)
+		dst = append(dst, '\r', '\n')
+	}
+}
