@@ -34,7 +34,12 @@ type Notifier interface {
 // Options configure an Agent.
 type Options struct {
 	// Domains are the local domains; mail for any other domain is relay.
+	// The first is the primary domain.
 	Domains []string
+	// Hostname is this node's name: "postmaster@Hostname" (which is also
+	// what a bare "<postmaster>" becomes) reaches the primary domain's
+	// postmaster, as RFC 5321 section 4.5.1 requires.
+	Hostname string
 	// SubaddressSeparator, if set, lets user+detail@domain reach
 	// user@domain when no user or alias has the full address (RFC 5233).
 	SubaddressSeparator string
@@ -93,6 +98,12 @@ func (a *Agent) IsLocal(domain string) bool {
 // user or alias (or, with subaddressing, user+detail), and the user must
 // have room for opts.Size more bytes.
 func (a *Agent) Resolve(ctx context.Context, rcpt mail.Address, opts ResolveOptions) (Recipient, error) {
+	lookup := rcpt
+	if strings.EqualFold(rcpt.Local, "postmaster") && a.opts.Hostname != "" && len(a.opts.Domains) > 0 &&
+		strings.EqualFold(strings.TrimSuffix(rcpt.Domain, "."), a.opts.Hostname) {
+		lookup.Domain = a.opts.Domains[0]
+	}
+	rcpt, original := lookup, rcpt
 	if !a.IsLocal(rcpt.Domain) {
 		if opts.Authenticated {
 			return Recipient{}, ErrOutboundDisabled
@@ -135,7 +146,7 @@ func (a *Agent) Resolve(ctx context.Context, rcpt mail.Address, opts ResolveOpti
 			return Recipient{}, ErrMailboxFull
 		}
 	}
-	return Recipient{Address: rcpt, User: user}, nil
+	return Recipient{Address: original, User: user}, nil
 }
 
 // CheckSender reports whether the authenticated user may send as from: its

@@ -38,7 +38,7 @@ func setup(t *testing.T) (*Agent, *embedded.Engine) {
 	if err := e.CreateAlias(ctx, "postmaster@example.test", "alice@example.test"); err != nil {
 		t.Fatal(err)
 	}
-	return NewAgent(e, Options{Domains: []string{"Example.TEST."}, SubaddressSeparator: "+"}), e
+	return NewAgent(e, Options{Domains: []string{"Example.TEST."}, Hostname: "mx1.example.test", SubaddressSeparator: "+"}), e
 }
 
 func addr(t *testing.T, s string) mail.Address {
@@ -63,6 +63,8 @@ func TestResolve(t *testing.T) {
 		{"ALICE@Example.Test", ResolveOptions{}, "alice@example.test", nil},
 		{"alice@example.test.", ResolveOptions{}, "alice@example.test", nil},
 		{"postmaster@example.test", ResolveOptions{}, "alice@example.test", nil},
+		{"PostMaster@mx1.example.test", ResolveOptions{}, "alice@example.test", nil},
+		{"alice@mx1.example.test", ResolveOptions{}, "", ErrRelayDenied},
 		{"alice+lists@example.test", ResolveOptions{}, "alice@example.test", nil},
 		{"nobody@example.test", ResolveOptions{}, "", ErrNoSuchUser},
 		{"alice@elsewhere.test", ResolveOptions{}, "", ErrRelayDenied},

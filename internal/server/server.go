@@ -115,11 +115,17 @@ func (s *Server) Start() (err error) {
 	})
 	agent := delivery.NewAgent(s.store, delivery.Options{
 		Domains:             cfg.Domains,
+		Hostname:            cfg.Hostname,
 		SubaddressSeparator: cfg.Delivery.SubaddressSeparator,
 		MaxMessageBytes:     cfg.Limits.MaxMessageBytes + 64<<10, // room for the trace fields
 		Logger:              s.log.With("component", "delivery"),
 		Registerer:          s.reg,
 	})
+	for _, d := range cfg.Domains {
+		if _, err := s.store.Resolve(context.Background(), "postmaster@"+d); err != nil {
+			s.log.Warn("no postmaster: RFC 5321 4.5.1 requires one; add a user or an alias", "address", "postmaster@"+d)
+		}
+	}
 	limiter := textconn.NewLimiter(cfg.Limits.MaxConnectionsPerIP, cfg.Limits.MaxConnections)
 
 	newSMTP := func(name string, mode smtp.Mode, implicit bool) *smtp.Server {
@@ -143,7 +149,7 @@ func (s *Server) Start() (err error) {
 			Name: name, Hostname: cfg.Hostname, TLSConfig: tlsConfig, ImplicitTLS: implicit,
 			AllowInsecureAuth: cfg.Auth.AllowInsecure,
 			Backend:           pop3Backend{authn, mailboxes},
-			Logger:            s.log.With("listener", name),
+			Logger:            s.log, // the POP3 server labels its log with Name
 			Metrics:           textconn.NewMetrics(s.reg, name),
 			Limiter:           limiter,
 			MaxErrors:         cfg.Limits.MaxErrors,

@@ -1,0 +1,116 @@
+package archtest
+
+import (
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// allowed lists, for each package, the Quill packages its non-test code may
+// import. A package missing from this table fails the test, so every new
+// package takes a deliberate place in the layering.
+var allowed = map[string][]string{
+	"cmd/quill":      {"internal/admin", "internal/auth", "internal/config", "internal/server", "internal/store/embedded"},
+	"cmd/quill-load": {"internal/loadgen"},
+
+	// Composition root: may import everything below it.
+	"internal/server": {"internal/admin", "internal/auth", "internal/config", "internal/delivery", "internal/mailbox",
+		"internal/pop3", "internal/smtp", "internal/store", "internal/store/embedded", "internal/textconn"},
+
+	// Protocol front ends: domain services through their own interfaces,
+	// and the domain packages' types and error values. Never the store.
+	"internal/smtp":  {"internal/auth", "internal/delivery", "internal/mail", "internal/textconn"},
+	"internal/pop3":  {"internal/auth", "internal/mailbox", "internal/textconn"},
+	"internal/admin": {"internal/auth", "internal/mail", "internal/store"},
+
+	// Domain services.
+	"internal/delivery": {"internal/mail", "internal/store"},
+	"internal/mailbox":  {"internal/store"},
+	"internal/auth":     {"internal/mail", "internal/store"},
+
+	// Storage.
+	"internal/store":           {},
+	"internal/store/embedded":  {"internal/store"},
+	"internal/store/storetest": {"internal/store"},
+
+	// Leaves.
+	"internal/config":   {"internal/mail"},
+	"internal/textconn": {},
+	"internal/mail":     {},
+	"internal/loadgen":  {},
+	"internal/archtest": {},
+	"e2e":               {},
+}
+
+func TestImportsPointDownward(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	err = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			name := d.Name()
+			if path != root && (strings.HasPrefix(name, ".") || name == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		rel, _ := filepath.Rel(root, filepath.Dir(path))
+		rel = filepath.ToSlash(rel)
+		seen[rel] = true
+		ok, known := allowed[rel]
+		if !known {
+			t.Errorf("%s: package has no entry in the layering table (internal/archtest)", rel)
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		for _, imp := range f.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			dep, isQuill := strings.CutPrefix(p, "quill/")
+			if !isQuill {
+				continue
+			}
+			if !contains(ok, dep) {
+				t.Errorf("%s imports %s, which the layering does not allow", filepath.Join(rel, filepath.Base(path)), dep)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stale []string
+	for pkg := range allowed {
+		if !seen[pkg] && pkg != "e2e" {
+			stale = append(stale, pkg)
+		}
+	}
+	sort.Strings(stale)
+	for _, pkg := range stale {
+		t.Errorf("layering table names %s, which has no Go code", pkg)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
