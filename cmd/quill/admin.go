@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/term"
+
 	"quill/internal/admin"
 	"quill/internal/auth"
 	"quill/internal/server"
@@ -83,11 +85,17 @@ func openStore(data string) (*embedded.Engine, error) {
 	return st, nil
 }
 
+// readPassword reads one line from stdin; on a terminal it prompts and
+// does not echo what is typed.
 func readPassword(stdin io.Reader, stderr io.Writer) (string, error) {
-	if f, ok := stdin.(*os.File); ok {
-		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-			fmt.Fprint(stderr, "Password: ")
+	if f, ok := stdin.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		fmt.Fprint(stderr, "Password: ")
+		b, err := term.ReadPassword(int(f.Fd()))
+		fmt.Fprintln(stderr)
+		if err != nil {
+			return "", fmt.Errorf("reading password: %w", err)
 		}
+		return string(b), nil
 	}
 	line, err := bufio.NewReader(io.LimitReader(stdin, 4096)).ReadString('\n')
 	if err != nil && !(errors.Is(err, io.EOF) && line != "") {

@@ -35,8 +35,10 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	for _, name := range []string{"smtp", "submission", "submissions", "lmtp", "pop3", "pop3s", "imap", "imaps", "admin"} {
 		addrs[name] = fs.String(name+"-addr", "", "host:port of the "+name+" listener, or off")
 	}
-	if _, err := parse(fs, args); err != nil {
+	if rest, err := parse(fs, args); err != nil {
 		return err
+	} else if len(rest) > 0 {
+		return usageError(fmt.Sprintf("serve: unexpected arguments %q", rest))
 	}
 
 	cfg := config.Default()

@@ -7,8 +7,8 @@ import (
 
 // throttle counts authentication failures per key (a remote IP, a user) in
 // a sliding window. Once a key reaches the limit it is refused until its
-// oldest counted failure leaves the window; each further failure while
-// refused extends the refusal. Memory is bounded: at most maxKeys keys are
+// oldest counted failure leaves the window (refused attempts are not
+// verified, so they are not counted). Memory is bounded: at most maxKeys keys are
 // tracked, the stalest dropped first.
 type throttle struct {
 	limit   int

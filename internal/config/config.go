@@ -76,10 +76,15 @@ type Limits struct {
 type Auth struct {
 	// AllowInsecure permits plaintext passwords on unencrypted connections
 	// from non-loopback peers. Loopback peers are always allowed.
-	AllowInsecure bool     `toml:"allow_insecure"`
+	AllowInsecure bool `toml:"allow_insecure"`
+	// MaxFailures failed logins within FailureWindow, from one IP or for
+	// one user, make further attempts fail until the window passes.
 	MaxFailures   int      `toml:"max_failures"`
 	FailureWindow Duration `toml:"failure_window"`
-	CacheTTL      Duration `toml:"cache_ttl"`
+	// CacheTTL is how long a verified login is remembered so that polling
+	// clients do not pay for argon2id at every login; a negative value
+	// disables the cache. A password change invalidates it at once.
+	CacheTTL Duration `toml:"cache_ttl"`
 }
 
 // Delivery configures local delivery.
@@ -138,23 +143,41 @@ func Default() Config {
 			Admin:       "127.0.0.1:8080",
 		},
 		Limits: Limits{
-			MaxMessageBytes:     50 << 20,
-			MaxRecipients:       100, // RFC 5321 4.5.3.1.8: at least 100
-			MaxConnections:      5000,
+			// Twice the 25 MiB most providers accept, so mail from them
+			// always fits, base64 overhead included.
+			MaxMessageBytes: 50 << 20,
+			MaxRecipients:   100, // RFC 5321 4.5.3.1.8: at least 100
+			// Well under the file-descriptor limits of a default system,
+			// and far above what one 2-core node serves well.
+			MaxConnections: 5000,
+			// Enough for a large NAT or a busy MTA in front; low enough that
+			// one host cannot take a large share of MaxConnections.
 			MaxConnectionsPerIP: 100,
-			MaxErrors:           10,
-			CommandTimeout:      Duration{5 * time.Minute},  // RFC 5321 4.5.3.2
-			POP3IdleTimeout:     Duration{10 * time.Minute}, // RFC 1939 section 3
-			ShutdownTimeout:     Duration{30 * time.Second},
+			// Failed commands before the connection is closed: generous
+			// for a confused client, short for a dictionary attack.
+			MaxErrors:       10,
+			CommandTimeout:  Duration{5 * time.Minute},  // RFC 5321 4.5.3.2
+			POP3IdleTimeout: Duration{10 * time.Minute}, // RFC 1939 section 3
+			// Long enough for a transaction in progress to finish; short
+			// enough for a service manager's stop timeout (90 s in systemd).
+			ShutdownTimeout: Duration{30 * time.Second},
 		},
 		Auth: Auth{
+			// 10 failures in 5 minutes stops online guessing (at most ~3,000
+			// guesses a day per IP or user) without locking out a user who
+			// mistyped a few times.
 			MaxFailures:   10,
 			FailureWindow: Duration{5 * time.Minute},
-			CacheTTL:      Duration{5 * time.Minute},
+			// Shorter than typical POP3/IMAP polling intervals would be
+			// pointless; 5 minutes covers them.
+			CacheTTL: Duration{5 * time.Minute},
 		},
+		// "+" is the subaddress separator most users know (RFC 5233).
 		Delivery: Delivery{SubaddressSeparator: "+"},
-		Store:    Store{Engine: "embedded", CacheBytes: 64 << 20},
-		Log:      Log{Level: "info", Format: "text"},
+		// 64 MiB of block cache keeps the hot metadata of a few hundred
+		// thousand mailboxes in memory within a small footprint.
+		Store: Store{Engine: "embedded", CacheBytes: 64 << 20},
+		Log:   Log{Level: "info", Format: "text"},
 	}
 }
 
@@ -205,6 +228,9 @@ func (c *Config) Validate() error {
 			bad("listeners.%s: %v", x.name, err)
 		}
 	}
+	if l.LMTPSocket != "" && !strings.HasPrefix(l.LMTPSocket, "/") {
+		bad("listeners.lmtp_socket must be an absolute path")
+	}
 	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
 		bad("tls.cert_file and tls.key_file must be set together")
 	}
@@ -221,12 +247,15 @@ func (c *Config) Validate() error {
 	if lim.MaxErrors < 1 {
 		bad("limits.max_errors must be positive")
 	}
-	for name, d := range map[string]Duration{
-		"limits.command_timeout": lim.CommandTimeout, "limits.pop3_idle_timeout": lim.POP3IdleTimeout,
-		"limits.shutdown_timeout": lim.ShutdownTimeout, "auth.failure_window": c.Auth.FailureWindow,
+	for _, d := range []struct {
+		name string
+		d    Duration
+	}{
+		{"limits.command_timeout", lim.CommandTimeout}, {"limits.pop3_idle_timeout", lim.POP3IdleTimeout},
+		{"limits.shutdown_timeout", lim.ShutdownTimeout}, {"auth.failure_window", c.Auth.FailureWindow},
 	} {
-		if d.Duration <= 0 {
-			bad("%s must be positive", name)
+		if d.d.Duration <= 0 {
+			bad("%s must be positive", d.name)
 		}
 	}
 	if c.Auth.MaxFailures < 1 {

@@ -1,5 +1,5 @@
-// Package mail is Quill's shared vocabulary: mail addresses, UIDs and flags.
-// It is pure (no I/O) and every parser in it is fuzzed.
+// Package mail is Quill's shared vocabulary, today mail addresses (RFC 5321
+// paths and mailboxes). It is pure (no I/O) and every parser in it is fuzzed.
 package mail
 
 import (

@@ -12,6 +12,7 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"testing"
@@ -314,5 +315,26 @@ func TestWatchShutdownServesBufferedLines(t *testing.T) {
 	}
 	if len(lines) != 1 || lines[0] != "b" {
 		t.Fatalf("lines %q", lines)
+	}
+}
+
+// Unix-socket peers have no IP: they must not share one per-IP slot count.
+func TestLimiterPeersWithoutIP(t *testing.T) {
+	l := NewLimiter(1, 3)
+	var releases []func()
+	for i := 0; i < 3; i++ {
+		release, ok := l.Acquire(netip.Addr{})
+		if !ok {
+			t.Fatalf("connection %d without IP refused under the total limit", i)
+		}
+		releases = append(releases, release)
+	}
+	if _, ok := l.Acquire(netip.Addr{}); ok {
+		t.Fatal("total limit not applied to peers without IP")
+	}
+	releases[0]()
+	releases[0]() // idempotent
+	if _, ok := l.Acquire(netip.Addr{}); !ok {
+		t.Fatal("slot not released")
 	}
 }

@@ -40,13 +40,25 @@ func (l *Limiter) Acquire(ip netip.Addr) (release func(), ok bool) {
 	if l.total > 0 && l.mu.n >= l.total {
 		return nil, false
 	}
-	if l.perIP > 0 && l.mu.byIP[key] >= l.perIP {
+	// Peers without an IP (unix sockets) count only against the total.
+	perIP := ip.IsValid()
+	if perIP && l.perIP > 0 && l.mu.byIP[key] >= l.perIP {
 		return nil, false
 	}
 	l.mu.n++
+	if !perIP {
+		var once sync.Once
+		return func() { once.Do(l.releaseTotal) }, true
+	}
 	l.mu.byIP[key]++
 	var once sync.Once
 	return func() { once.Do(func() { l.release(key) }) }, true
+}
+
+func (l *Limiter) releaseTotal() {
+	l.mu.Lock()
+	l.mu.n--
+	l.mu.Unlock()
 }
 
 func (l *Limiter) release(key netip.Addr) {

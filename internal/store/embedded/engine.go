@@ -68,10 +68,13 @@ type Engine struct {
 	opts Options
 	log  *slog.Logger
 
-	reqs   chan *request
-	quit   chan struct{}
-	wg     sync.WaitGroup
-	closed sync.Once
+	reqs chan *request
+	quit chan struct{}
+	wg   sync.WaitGroup
+	// closeMu orders enqueueing against Close: once Close holds it for
+	// writing, no request can be queued that the committer would not drain.
+	closeMu sync.RWMutex
+	closed  bool
 
 	fenceMu sync.RWMutex
 	fence   map[store.ID]store.Mailbox // mailboxes in the group being synced, pre-group state
@@ -166,13 +169,16 @@ func (e *Engine) checkVersion() error {
 // Close stops the committer after the queued transactions and closes the
 // database.
 func (e *Engine) Close() error {
-	var err error
-	e.closed.Do(func() {
-		close(e.quit)
-		e.wg.Wait()
-		err = e.db.Close()
-	})
-	return err
+	e.closeMu.Lock()
+	if e.closed {
+		e.closeMu.Unlock()
+		return nil
+	}
+	e.closed = true
+	close(e.quit)
+	e.closeMu.Unlock()
+	e.wg.Wait()
+	return e.db.Close()
 }
 
 // request is one transaction queued for the committer.
@@ -187,13 +193,20 @@ type request struct {
 // block; when it returns an error none of its writes are kept.
 func (e *Engine) update(ctx context.Context, fn func(*txn) error) error {
 	r := &request{fn: fn, done: make(chan struct{})}
+	e.closeMu.RLock()
+	if e.closed {
+		e.closeMu.RUnlock()
+		return ErrClosed
+	}
+	// The committer keeps taking requests until quit, so this send cannot
+	// block forever while closeMu is held.
 	select {
 	case e.reqs <- r:
 	case <-ctx.Done():
+		e.closeMu.RUnlock()
 		return ctx.Err()
-	case <-e.quit:
-		return ErrClosed
 	}
+	e.closeMu.RUnlock()
 	// Once queued the transaction may commit: wait for its outcome even if
 	// ctx ends, or the caller could report failure for a durable change.
 	<-r.done

@@ -261,3 +261,16 @@ func BenchmarkListMessages(b *testing.B) {
 		}
 	}
 }
+
+func TestUseAfterClose(t *testing.T) {
+	e := open(t, t.TempDir())
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.CreateUser(context.Background(), store.User{Address: "a@example.test"}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("write after Close: %v, want ErrClosed", err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}
