@@ -3,8 +3,9 @@
 // `quill user` and `quill alias` while a server runs. It also holds the
 // client side of that API.
 //
-// The API (everything under /api/) requires the bearer token stored in the
-// data directory; health, readiness and metrics do not.
+// The API (everything under /api/) and the Go profiler (/debug/pprof/)
+// require the bearer token stored in the data directory; health, readiness
+// and metrics do not.
 package admin
 
 import (
@@ -14,6 +15,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -99,8 +101,14 @@ func NewHandler(o Options) http.Handler {
 	mux.HandleFunc("GET /api/aliases", api.listAliases)
 	mux.HandleFunc("POST /api/aliases", api.addAlias)
 	mux.HandleFunc("DELETE /api/aliases/{alias}", api.deleteAlias)
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasPrefix(r.URL.Path, "/api/") && !authorized(r, o.Token) {
+		protected := strings.HasPrefix(r.URL.Path, "/api/") || strings.HasPrefix(r.URL.Path, "/debug/")
+		if protected && !authorized(r, o.Token) {
 			writeJSON(w, http.StatusUnauthorized, apiError{Error: "missing or wrong bearer token", Kind: "unauthorized"})
 			return
 		}

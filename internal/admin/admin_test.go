@@ -68,9 +68,18 @@ func TestHealthReadyMetrics(t *testing.T) {
 func TestAPIRequiresToken(t *testing.T) {
 	ready := true
 	srv, c := setup(t, &ready)
-	if code, _ := get(t, srv.URL+"/api/users"); code != http.StatusUnauthorized {
-		t.Fatalf("no token: %d", code)
+	for _, path := range []string{"/api/users", "/debug/pprof/", "/debug/pprof/heap"} {
+		if code, _ := get(t, srv.URL+path); code != http.StatusUnauthorized {
+			t.Fatalf("%s without token: %d", path, code)
+		}
 	}
+	req, _ := http.NewRequest("GET", srv.URL+"/debug/pprof/heap", nil)
+	req.Header.Set("Authorization", "Bearer s3cret")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("heap profile with token: %v %v", resp, err)
+	}
+	resp.Body.Close()
 	bad := *c
 	bad.Token = "guess"
 	if _, err := bad.ListUsers(context.Background()); err == nil {
