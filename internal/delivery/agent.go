@@ -81,7 +81,7 @@ func NewAgent(st Store, opts Options) *Agent {
 		}),
 	}
 	for _, d := range opts.Domains {
-		a.domains[strings.ToLower(strings.TrimSuffix(d, "."))] = true
+		a.domains[normalizeDomain(d)] = true
 	}
 	if opts.Registerer != nil {
 		opts.Registerer.MustRegister(a.delivered, a.bytes)
@@ -91,45 +91,35 @@ func NewAgent(st Store, opts Options) *Agent {
 
 // IsLocal reports whether domain is one of the local domains.
 func (a *Agent) IsLocal(domain string) bool {
-	return a.domains[strings.ToLower(strings.TrimSuffix(domain, "."))]
+	return a.domains[normalizeDomain(domain)]
 }
+
+func normalizeDomain(d string) string { return strings.ToLower(strings.TrimSuffix(d, ".")) }
 
 // Resolve checks one recipient: its domain must be local and the address a
 // user or alias (or, with subaddressing, user+detail), and the user must
 // have room for opts.Size more bytes.
 func (a *Agent) Resolve(ctx context.Context, rcpt mail.Address, opts ResolveOptions) (Recipient, error) {
-	lookup := rcpt
+	domain := normalizeDomain(rcpt.Domain)
 	if strings.EqualFold(rcpt.Local, "postmaster") && a.opts.Hostname != "" && len(a.opts.Domains) > 0 &&
-		strings.EqualFold(strings.TrimSuffix(rcpt.Domain, "."), a.opts.Hostname) {
-		lookup.Domain = a.opts.Domains[0]
+		domain == strings.ToLower(a.opts.Hostname) {
+		domain = normalizeDomain(a.opts.Domains[0])
 	}
-	rcpt, original := lookup, rcpt
-	if !a.IsLocal(rcpt.Domain) {
+	if !a.IsLocal(domain) {
 		if opts.Authenticated {
 			return Recipient{}, ErrOutboundDisabled
 		}
 		return Recipient{}, ErrRelayDenied
 	}
-	addr := rcpt.Normalized()
-	user, err := a.st.Resolve(ctx, addr)
-	if errors.Is(err, store.ErrNotFound) && a.opts.SubaddressSeparator != "" {
-		local, domain, _ := strings.Cut(addr, "@")
+	local := strings.ToLower(rcpt.Local)
+	u, err := a.user(ctx, local+"@"+domain)
+	if errors.Is(err, ErrNoSuchUser) && a.opts.SubaddressSeparator != "" {
 		if base, _, ok := strings.Cut(local, a.opts.SubaddressSeparator); ok && base != "" {
-			user, err = a.st.Resolve(ctx, base+"@"+domain)
+			u, err = a.user(ctx, base+"@"+domain)
 		}
 	}
-	if errors.Is(err, store.ErrNotFound) {
-		return Recipient{}, ErrNoSuchUser
-	}
 	if err != nil {
-		return Recipient{}, fmt.Errorf("delivery: resolving %s: %w", addr, err)
-	}
-	u, err := a.st.GetUser(ctx, user)
-	if errors.Is(err, store.ErrNotFound) {
-		return Recipient{}, ErrNoSuchUser
-	}
-	if err != nil {
-		return Recipient{}, fmt.Errorf("delivery: reading %s: %w", user, err)
+		return Recipient{}, err
 	}
 	if u.Status == store.UserDisabled {
 		return Recipient{}, ErrDisabled
@@ -138,15 +128,39 @@ func (a *Agent) Resolve(ctx context.Context, rcpt mail.Address, opts ResolveOpti
 		if opts.Size > u.QuotaBytes {
 			return Recipient{}, ErrOverQuota
 		}
-		usage, err := a.st.Usage(ctx, user)
+		usage, err := a.st.Usage(ctx, u.Address)
 		if err != nil {
-			return Recipient{}, fmt.Errorf("delivery: usage of %s: %w", user, err)
+			return Recipient{}, fmt.Errorf("delivery: usage of %s: %w", u.Address, err)
 		}
 		if usage.Bytes >= u.QuotaBytes || usage.Bytes+opts.Size > u.QuotaBytes {
 			return Recipient{}, ErrMailboxFull
 		}
 	}
-	return Recipient{Address: original, User: user}, nil
+	return Recipient{Address: rcpt, User: u.Address}, nil
+}
+
+// user returns the user an address delivers to: the user of that address,
+// or an alias's target. The common case, a user's own address, costs one
+// store lookup.
+func (a *Agent) user(ctx context.Context, addr string) (store.User, error) {
+	u, err := a.st.GetUser(ctx, addr)
+	if errors.Is(err, store.ErrNotFound) {
+		target, rerr := a.st.Resolve(ctx, addr)
+		if errors.Is(rerr, store.ErrNotFound) {
+			return store.User{}, ErrNoSuchUser
+		}
+		if rerr != nil {
+			return store.User{}, fmt.Errorf("delivery: resolving %s: %w", addr, rerr)
+		}
+		u, err = a.st.GetUser(ctx, target)
+		if errors.Is(err, store.ErrNotFound) {
+			return store.User{}, ErrNoSuchUser
+		}
+	}
+	if err != nil {
+		return store.User{}, fmt.Errorf("delivery: reading %s: %w", addr, err)
+	}
+	return u, nil
 }
 
 // CheckSender reports whether the authenticated user may send as from: its

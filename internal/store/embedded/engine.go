@@ -41,6 +41,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"quill/internal/store"
@@ -104,11 +105,17 @@ func Open(dir string, opts Options) (*Engine, error) {
 	}
 	cache := pebble.NewCache(opts.CacheBytes)
 	defer cache.Unref()
-	db, err := pebble.Open(filepath.Join(dir, "pebble"), &pebble.Options{
+	popts := &pebble.Options{
 		Cache:        cache,
 		MemTableSize: 32 << 20,
 		Logger:       pebbleLogger{opts.Logger},
-	})
+	}
+	// Bloom filters: most lookups that miss (alias checks, pending marks,
+	// unknown users) then cost no table reads.
+	for i := range popts.Levels {
+		popts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+	}
+	db, err := pebble.Open(filepath.Join(dir, "pebble"), popts)
 	if err != nil {
 		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
 	}
