@@ -42,6 +42,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"quill/internal/store"
@@ -56,11 +57,17 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// CacheBytes is Pebble's block cache size (default 64 MiB).
 	CacheBytes int64
+	// MemTableBytes is the size of one memtable (default 32 MiB); tests
+	// lower it to exercise WAL rotation and flushes.
+	MemTableBytes uint64
 	// MaxGroup bounds the transactions in one commit group (default 1024).
 	MaxGroup int
 	// PendingBlobTTL is how long an unreferenced blob may live before it is
 	// reclaimed (default 1 h): it must exceed the longest delivery.
 	PendingBlobTTL time.Duration
+	// FS is the filesystem (default: the operating system's). Tests pass a
+	// crashable in-memory one to simulate losing everything not synced.
+	FS vfs.FS
 }
 
 // Engine is the embedded store. It implements store.Store.
@@ -94,21 +101,28 @@ func Open(dir string, opts Options) (*Engine, error) {
 	if opts.CacheBytes == 0 {
 		opts.CacheBytes = 64 << 20
 	}
+	if opts.MemTableBytes == 0 {
+		opts.MemTableBytes = 32 << 20
+	}
 	if opts.MaxGroup == 0 {
 		opts.MaxGroup = 1024
 	}
 	if opts.PendingBlobTTL == 0 {
 		opts.PendingBlobTTL = time.Hour
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if opts.FS == nil {
+		opts.FS = vfs.Default
+	}
+	if err := opts.FS.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
 	cache := pebble.NewCache(opts.CacheBytes)
 	defer cache.Unref()
 	popts := &pebble.Options{
 		Cache:        cache,
-		MemTableSize: 32 << 20,
+		MemTableSize: opts.MemTableBytes,
 		Logger:       pebbleLogger{opts.Logger},
+		FS:           opts.FS,
 	}
 	// Bloom filters: most lookups that miss (alias checks, pending marks,
 	// unknown users) then cost no table reads.
@@ -145,6 +159,13 @@ func Open(dir string, opts Options) (*Engine, error) {
 			}
 		}
 	}
+	// Pebble syncs the directories inside its own; the entries that lead
+	// to it must be durable too, or a power loss soon after the first start
+	// could lose the whole database.
+	if err := syncDirChain(opts.FS, filepath.Join(dir, "pebble")); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("embedded: syncing %s: %w", dir, err)
+	}
 	if err := e.checkVersion(); err != nil {
 		db.Close()
 		return nil, err
@@ -157,6 +178,25 @@ func Open(dir string, opts Options) (*Engine, error) {
 	go e.commitLoop()
 	go e.sweepLoop()
 	return e, nil
+}
+
+// syncDirChain fsyncs every directory from path's parent up to the root, so
+// that the entries naming path and its ancestors are durable.
+func syncDirChain(fs vfs.FS, path string) error {
+	for dir := filepath.Dir(path); ; dir = filepath.Dir(dir) {
+		d, err := fs.OpenDir(dir)
+		if err != nil {
+			return err
+		}
+		err = d.Sync()
+		d.Close()
+		if err != nil {
+			return err
+		}
+		if parent := filepath.Dir(dir); parent == dir {
+			return nil
+		}
+	}
 }
 
 func (e *Engine) checkVersion() error {
