@@ -29,7 +29,7 @@ var allowed = map[string][]string{
 	"internal/admin": {"internal/auth", "internal/mail", "internal/store"},
 
 	// Domain services.
-	"internal/delivery": {"internal/mail", "internal/store"},
+	"internal/delivery": {"internal/mail", "internal/mime", "internal/store"},
 	"internal/mailbox":  {"internal/store"},
 	"internal/auth":     {"internal/mail", "internal/store"},
 
@@ -42,6 +42,7 @@ var allowed = map[string][]string{
 	"internal/config":   {"internal/mail"},
 	"internal/textconn": {},
 	"internal/mail":     {},
+	"internal/mime":     {},
 	"internal/loadgen":  {},
 	"internal/archtest": {},
 	"e2e":               {},

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"quill/internal/mail"
+	"quill/internal/mime"
 	"quill/internal/store"
 )
 
@@ -183,13 +184,26 @@ func (a *Agent) CheckSender(ctx context.Context, user string, from mail.Address)
 // recipient. It returns one result per recipient (nil: durably delivered)
 // or, if the body could not be stored at all, an error and no results.
 // Recipients that resolve to the same user get the message once and share
-// its result.
+// its result. The message's summary (internal/mime) is computed while the
+// body streams to the store and kept as every copy's Meta.
 func (a *Agent) Deliver(ctx context.Context, m Message) ([]error, error) {
-	blob, size, err := a.st.PutBlob(ctx, m.Body, a.opts.MaxMessageBytes)
+	parser := mime.NewParser()
+	blob, size, err := a.st.PutBlob(ctx, io.TeeReader(m.Body, parser), a.opts.MaxMessageBytes)
 	if err != nil {
 		return nil, fmt.Errorf("delivery: storing body: %w", err)
 	}
 	a.bytes.Add(float64(size))
+	// The summary must describe exactly the stored octets; if it cannot be
+	// kept, the message is stored without one and readers parse the blob.
+	var meta []byte
+	if sum := parser.Summary(); sum.Size != size {
+		a.log.Error("message summary does not match the stored body", "blob", blob, "summary_size", sum.Size, "size", size)
+	} else if meta, err = sum.MarshalBinary(); err != nil {
+		a.log.Error("encoding message summary", "blob", blob, "err", err)
+		meta = nil
+	} else if sum.Anomalies != 0 {
+		a.log.Debug("malformed message stored", "blob", blob, "anomalies", sum.Anomalies.String())
+	}
 	results := make([]error, len(m.Recipients))
 	first := map[string]int{} // user -> index of its first recipient
 	var unique []int
@@ -199,7 +213,7 @@ func (a *Agent) Deliver(ctx context.Context, m Message) ([]error, error) {
 			unique = append(unique, i)
 		}
 	}
-	nm := store.NewMessage{Blob: blob, Size: size, InternalDate: m.ReceivedAt}
+	nm := store.NewMessage{Blob: blob, Size: size, InternalDate: m.ReceivedAt, Meta: meta}
 	if len(unique) == 1 {
 		results[unique[0]] = a.appendInbox(ctx, m.Recipients[unique[0]].User, nm)
 	} else {

@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"io"
+	"reflect"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"quill/internal/mail"
+	"quill/internal/mime"
 	"quill/internal/store"
 	"quill/internal/store/embedded"
 )
@@ -198,5 +201,45 @@ func TestDeliverAfterUserRecreated(t *testing.T) {
 	}
 	if got := readInbox(t, e, "alice@example.test"); len(got) != 1 {
 		t.Fatalf("re-created alice has %d messages", len(got))
+	}
+}
+
+func TestDeliverStoresSummary(t *testing.T) {
+	a, e := setup(t)
+	ctx := context.Background()
+	r, err := a.Resolve(ctx, addr(t, "alice@example.test"), ResolveOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := "From: Bob <bob@example.test>\r\nSubject: Re: report\r\nContent-Type: multipart/mixed; boundary=x\r\n\r\n" +
+		"--x\r\nContent-Type: text/plain\r\n\r\nsee attached\r\n--x\r\nContent-Type: application/pdf\r\nContent-Transfer-Encoding: base64\r\n\r\nJVBERi0=\r\n--x--\r\n"
+	// A reader that returns one octet at a time exercises the tee across
+	// many small writes.
+	res, err := a.Deliver(ctx, Message{Recipients: []Recipient{r}, Body: iotest.OneByteReader(strings.NewReader(body)), ReceivedAt: time.Now()})
+	if err != nil || res[0] != nil {
+		t.Fatalf("Deliver = %v, %v", res, err)
+	}
+	mb, err := e.GetMailbox(ctx, "alice@example.test", "INBOX")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := e.ListMessages(ctx, mb.ID, 1, 10)
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("ListMessages = %d messages, %v", len(msgs), err)
+	}
+	got, err := mime.Unmarshal(msgs[0].Meta)
+	if err != nil {
+		t.Fatalf("stored Meta does not decode: %v", err)
+	}
+	want, _ := mime.Parse(strings.NewReader(body))
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("stored summary differs from a fresh parse:\n got %+v\nwant %+v", got, want)
+	}
+	const bs = `(("text" "plain" NIL NIL NIL "7bit" 12 1)("application" "pdf" NIL NIL NIL "base64" 8) "mixed")`
+	if s := string(got.AppendBodyStructure(nil, false)); s != bs {
+		t.Errorf("BODY = %s, want %s", s, bs)
+	}
+	if got.Size != msgs[0].Size || got.BaseSubject != "report" {
+		t.Errorf("summary size %d (message %d), base subject %q", got.Size, msgs[0].Size, got.BaseSubject)
 	}
 }
