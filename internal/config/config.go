@@ -119,7 +119,7 @@ func (d *Duration) UnmarshalText(b []byte) error {
 func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
 
 // Default returns the configuration used when nothing is set. Ports are
-// unprivileged (the usual port plus 2000, or 2024 for LMTP) so that a
+// unprivileged (the usual port plus 2000, or 2424 for LMTP, which has no well-known port) so that a
 // development server needs no root; LMTP and admin listen on loopback only
 // because neither authenticates its clients.
 func Default() Config {
@@ -135,7 +135,7 @@ func Default() Config {
 			SMTP:        ":2525",
 			Submission:  ":2587",
 			Submissions: ":2465",
-			LMTP:        "127.0.0.1:2024",
+			LMTP:        "127.0.0.1:2424",
 			POP3:        ":1110",
 			POP3S:       ":1995",
 			IMAP:        Off,
