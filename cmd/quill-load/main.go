@@ -4,6 +4,9 @@
 //
 //	quill-load smtp --addr 127.0.0.1:2525 --rcpt-domain example.test --users 100 \
 //	    --concurrency 16 --duration 10s --size 4700 [--json]
+//	quill-load mix --smtp-addr 127.0.0.1:2525 --pop3-addr 127.0.0.1:1110 \
+//	    --rcpt-domain example.test --password PW --users 10000 --duration 30s [--json]
+//	quill-load saturate ... (the mix flags) --latency-bound 100ms
 //
 // Recipients are user0000@DOMAIN .. user(N-1)@DOMAIN; the caller provisions
 // them.
@@ -35,15 +38,27 @@ func main() {
 	os.Exit(code)
 }
 
-const usage = `usage: quill-load smtp --addr H:P --rcpt-domain D [flags]
+const usage = `usage: quill-load smtp|mix|saturate [flags]
 
 Sub-commands:
-  smtp   deliver generated messages over persistent SMTP connections
+  smtp      deliver generated messages over persistent SMTP connections
+  mix       the Porcupine mix: Zipf recipients, lognormal sizes, ~90% SMTP
+            deliveries and ~10% POP3 sessions; reports accepted, delivered
+            and retrieved msg/s, latencies, end-to-end delay and server CPU
+  saturate  the mix, open loop, at rising rates until a latency bound breaks
 `
 
 // run is main without the process: it returns the exit status (0 success,
 // 1 run failure, 2 usage).
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "mix":
+			return mixCmd(ctx, args[1:], stdout, stderr)
+		case "saturate":
+			return saturateCmd(ctx, args[1:], stdout, stderr)
+		}
+	}
 	if len(args) == 0 || args[0] != "smtp" {
 		fmt.Fprint(stderr, usage)
 		return 2

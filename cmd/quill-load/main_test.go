@@ -21,6 +21,11 @@ func TestUsageErrors(t *testing.T) {
 		{"smtp", "--addr", "127.0.0.1:1", "--rcpt-domain", "d.test", "--count", "1", "--users", "0"},
 		{"smtp", "--addr", "127.0.0.1:1", "--rcpt-domain", "d.test", "--count", "1", "extra"},
 		{"smtp", "--bogus"},
+		{"mix"},
+		{"mix", "--smtp-addr", "127.0.0.1:1", "--rcpt-domain", "d.test", "--sizes", "gaussian"},
+		{"mix", "--smtp-addr", "127.0.0.1:1", "--rcpt-domain", "d.test", "--pop3-share", "2"},
+		{"mix", "--smtp-addr", "127.0.0.1:1", "--rcpt-domain", "d.test", "--pid", "quill"},
+		{"saturate", "--smtp-addr", "127.0.0.1:1"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(t.Context(), args, &out, &errb); code != 2 || errb.Len() == 0 {

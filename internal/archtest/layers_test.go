@@ -17,6 +17,14 @@ import (
 var allowed = map[string][]string{
 	"cmd/quill":      {"internal/admin", "internal/auth", "internal/config", "internal/server", "internal/store/embedded"},
 	"cmd/quill-load": {"internal/loadgen"},
+	// The no-storage SMTP sink: Quill's SMTP front end over a discarding
+	// backend, so it needs the front end's vocabulary (auth, delivery and
+	// mail error values and types) but never a store.
+	"cmd/quill-sink": {"internal/auth", "internal/delivery", "internal/mail", "internal/smtp", "internal/textconn"},
+	// The benchmark harness: drives loadgen, and loads users straight into
+	// a stopped Quill's store (one precomputed hash, as auth.Directory would
+	// store them), so it needs the store and auth but no front end.
+	"bench/compare": {"internal/auth", "internal/loadgen", "internal/server", "internal/store", "internal/store/embedded"},
 
 	// Composition root: may import everything below it.
 	"internal/server": {"internal/admin", "internal/auth", "internal/config", "internal/delivery", "internal/mailbox",

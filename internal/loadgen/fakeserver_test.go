@@ -23,10 +23,13 @@ type fakeServer struct {
 	dieOnData func(n int) bool  // drop the connection instead of replying to message n (1-based)
 	dupOnData func(n int) bool  // store message n twice
 	passwords map[string]string // POP3 logins
+	hold      bool              // acknowledge messages but never make them visible (a queue that never drains)
 
 	mu struct {
 		sync.Mutex
 		boxes      map[string][][]byte
+		held       int             // messages acknowledged under hold
+		locked     map[string]bool // maildrops held by a POP3 session
 		dataCount  int
 		conns      map[net.Conn]struct{}
 		transcript *strings.Builder // when non-nil, the SMTP dialogue
@@ -38,6 +41,7 @@ func newFakeServer(t *testing.T) *fakeServer {
 	t.Helper()
 	s := &fakeServer{t: t, rejectTo: map[string]int{}, passwords: map[string]string{}}
 	s.mu.boxes = map[string][][]byte{}
+	s.mu.locked = map[string]bool{}
 	s.mu.conns = map[net.Conn]struct{}{}
 	return s
 }
@@ -187,6 +191,10 @@ func (s *fakeServer) smtpSession(r *bufio.Reader, w *bufio.Writer) bool {
 				copies = 2
 			}
 			s.mu.Lock()
+			if s.hold {
+				s.mu.held++
+				rcpts = nil
+			}
 			for _, rc := range rcpts {
 				for range copies {
 					s.mu.boxes[rc] = append(s.mu.boxes[rc], bytes.Clone(msg.Bytes()))
@@ -212,6 +220,15 @@ func (s *fakeServer) pop3Session(r *bufio.Reader, w *bufio.Writer) bool {
 	send("+OK fake POP3")
 	var user string
 	var box [][]byte
+	var deleted map[int]bool
+	locked := false
+	defer func() {
+		if locked {
+			s.mu.Lock()
+			delete(s.mu.locked, user)
+			s.mu.Unlock()
+		}
+	}()
 	for {
 		line, err := r.ReadString('\n')
 		if err != nil {
@@ -227,7 +244,16 @@ func (s *fakeServer) pop3Session(r *bufio.Reader, w *bufio.Writer) bool {
 				send("-ERR [AUTH] no")
 				continue
 			}
-			box = s.box(user)
+			s.mu.Lock()
+			if s.mu.locked[user] {
+				s.mu.Unlock()
+				send("-ERR [IN-USE] maildrop locked")
+				continue
+			}
+			s.mu.locked[user], locked = true, true
+			box = append([][]byte(nil), s.mu.boxes[strings.ToLower(user)]...)
+			s.mu.Unlock()
+			deleted = map[int]bool{}
 			send("+OK logged in")
 		case "STAT":
 			size := 0
@@ -249,7 +275,29 @@ func (s *fakeServer) pop3Session(r *bufio.Reader, w *bufio.Writer) bool {
 				w.Write(l)
 			}
 			send(".")
+		case "DELE":
+			n, err := strconv.Atoi(arg)
+			if err != nil || n < 1 || n > len(box) || deleted[n] {
+				send("-ERR no such message")
+				continue
+			}
+			deleted[n] = true
+			send("+OK deleted")
 		case "QUIT":
+			// RFC 1939 section 6: the UPDATE state removes what was deleted.
+			// Deliveries only append, so the snapshot is a prefix of the box.
+			if len(deleted) > 0 {
+				s.mu.Lock()
+				key := strings.ToLower(user)
+				var keep [][]byte
+				for i, m := range s.mu.boxes[key] {
+					if !deleted[i+1] {
+						keep = append(keep, m)
+					}
+				}
+				s.mu.boxes[key] = keep
+				s.mu.Unlock()
+			}
 			send("+OK bye")
 			return true
 		default:

@@ -1,0 +1,339 @@
+// Command compare is the Porcupine workload benchmark of Quill side by side
+// with Postfix + Dovecot at equal durability, and with quill-sink (Quill's
+// SMTP front end storing nothing) as the protocol-bound upper limit. One
+// invocation, as root on Debian:
+//
+//	go run ./bench/compare [--users 10000 --clients 16 --duration 20s --rounds 2]
+//
+// It installs the Debian packages it lacks (postfix, dovecot-core,
+// dovecot-pop3d, dovecot-lmtpd, dovecot-imapd), builds quill and
+// quill-sink from the tree, provisions the same users with the same
+// argon2id password hash on both servers, runs the same mix against each in
+// turn (Quill, peer, sink, Quill, peer, sink, ...), and prints each figure's
+// median with the Quill/peer ratio and Quill's delivered rate as a share of
+// the sink's accepted rate. Everything binds loopback ports chosen at run
+// time, lives under one temporary directory, and is stopped on the way out,
+// failure or not. See docs/performance.md.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"quill/internal/auth"
+	"quill/internal/loadgen"
+	"quill/internal/server"
+	"quill/internal/store"
+	"quill/internal/store/embedded"
+)
+
+const domain = "bench.test"
+
+// password is every benchmark user's; it never leaves the machine.
+const password = "bench-password-quill"
+
+type options struct {
+	users, clients, rounds, probes, sample int
+	duration, budget                       time.Duration
+	zipf, pop3Share, rate                  float64
+	sizes, out                             string
+	skipInstall, keep                      bool
+	only                                   string
+}
+
+func main() {
+	var o options
+	flag.IntVar(&o.users, "users", 10000, "population (Zipf ranks)")
+	flag.IntVar(&o.clients, "clients", 16, "concurrent clients")
+	flag.IntVar(&o.rounds, "rounds", 2, "rounds; each runs every target once (A B A B)")
+	flag.IntVar(&o.probes, "probes", 2, "end-to-end probe mailboxes")
+	flag.IntVar(&o.sample, "sample", 16, "mailboxes sampled for the delivered rate")
+	flag.DurationVar(&o.duration, "duration", 20*time.Second, "load phase of each run")
+	flag.DurationVar(&o.budget, "budget", 30*time.Minute, "bound on the whole benchmark")
+	flag.Float64Var(&o.zipf, "zipf", 1, "Zipf exponent")
+	flag.Float64Var(&o.pop3Share, "pop3-share", 0.1, "share of transactions that are POP3 sessions")
+	flag.Float64Var(&o.rate, "rate", 0, "open loop offered tx/s (0: closed loop)")
+	flag.StringVar(&o.sizes, "sizes", "lognormal", "size distribution (see quill-load mix -h)")
+	flag.StringVar(&o.out, "out", "", "write every run's summary as JSON to this file")
+	flag.BoolVar(&o.skipInstall, "skip-install", false, "do not apt-get install missing packages")
+	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (logs, data)")
+	flag.StringVar(&o.only, "only", "", "run only this target: quill, peer or sink")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithTimeout(ctx, o.budget)
+	err := run(ctx, o)
+	cancel()
+	stop()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "compare: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// debianPackages are what the peer needs.
+var debianPackages = []string{"postfix", "dovecot-core", "dovecot-pop3d", "dovecot-lmtpd", "dovecot-imapd"}
+
+func install(ctx context.Context) error {
+	missing := false
+	for _, f := range []string{"/usr/sbin/postfix", "/usr/sbin/dovecot", "/usr/lib/dovecot/lmtp", "/usr/lib/dovecot/pop3"} {
+		if _, err := os.Stat(f); err != nil {
+			missing = true
+		}
+	}
+	if !missing {
+		return nil
+	}
+	fmt.Fprintln(os.Stderr, "compare: installing", debianPackages)
+	env := []string{"DEBIAN_FRONTEND=noninteractive"}
+	if _, err := runCmd(ctx, env, "apt-get", "update"); err != nil {
+		return err
+	}
+	_, err := runCmd(ctx, env, "apt-get", append([]string{"install", "-y", "--no-install-recommends"}, debianPackages...)...)
+	return err
+}
+
+func run(ctx context.Context, o options) (err error) {
+	if os.Geteuid() != 0 {
+		return errors.New("run as root: Postfix's master starts as root and Dovecot delivers as the mail user")
+	}
+	if !o.skipInstall {
+		if err := install(ctx); err != nil {
+			return err
+		}
+	}
+	root, err := os.MkdirTemp("", "quill-bench-")
+	if err != nil {
+		return err
+	}
+	// Postfix and Dovecot daemons run unprivileged and must reach their
+	// directories under root.
+	if err := os.Chmod(root, 0o755); err != nil {
+		return err
+	}
+	defer func() {
+		if o.keep || err != nil {
+			fmt.Fprintf(os.Stderr, "compare: logs and data kept in %s\n", root)
+			return
+		}
+		os.RemoveAll(root)
+	}()
+
+	bin := filepath.Join(root, "bin")
+	for _, cmd := range []string{"quill", "quill-sink"} {
+		if _, err := runCmd(ctx, nil, "go", "build", "-o", filepath.Join(bin, cmd), "quill/cmd/"+cmd); err != nil {
+			return err
+		}
+	}
+
+	users := loadgen.UserNames(domain, o.users)
+	probes := make([]string, o.probes)
+	for i := range probes {
+		probes[i] = fmt.Sprintf("probe%02d@%s", i, domain)
+	}
+	all := append(append([]string(nil), users...), probes...)
+	hash, err := auth.HashPassword(password, auth.DefaultKDF)
+	if err != nil {
+		return err
+	}
+
+	// Quill: users loaded into the store before it starts.
+	qdata := filepath.Join(root, "quill-data")
+	t0 := time.Now()
+	if err := provisionQuill(ctx, qdata, all, hash); err != nil {
+		return fmt.Errorf("provisioning quill: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "compare: provisioned %d users in quill's store in %v\n", len(all), time.Since(t0).Round(time.Millisecond))
+	quill, qaddrs, err := startChild(ctx, root, "quill", true, filepath.Join(bin, "quill"), "serve",
+		"--data", qdata, "--domain", domain, "--hostname", "quill.bench.invalid", "--print-listeners",
+		"--smtp-addr", "127.0.0.1:0", "--pop3-addr", "127.0.0.1:0",
+		"--submission-addr", "off", "--submissions-addr", "off", "--lmtp-addr", "off", "--pop3s-addr", "off",
+		"--imap-addr", "off", "--imaps-addr", "off", "--admin-addr", "off")
+	if err != nil {
+		return err
+	}
+	defer quill.stop()
+
+	sink, saddrs, err := startChild(ctx, root, "sink", true, filepath.Join(bin, "quill-sink"),
+		"--addr", "127.0.0.1:0", "--domain", domain, "--print-listeners")
+	if err != nil {
+		return err
+	}
+	defer sink.stop()
+
+	pr, err := startPeer(ctx, root, domain, all, hash)
+	if err != nil {
+		return err
+	}
+	defer pr.stop(ctx)
+	peerProcs, err := pr.processes()
+	if err != nil {
+		return err
+	}
+
+	sizes, err := loadgen.ParseSizeDist(o.sizes)
+	if err != nil {
+		return err
+	}
+	z, err := loadgen.NewZipf(users, o.zipf)
+	if err != nil {
+		return err
+	}
+	base := loadgen.MixConfig{
+		Spec:         loadgen.Spec{From: "loadgen@quill-load.invalid", Sizes: sizes, Rcpts: z},
+		Password:     password,
+		Mix:          loadgen.Mix{POP3PerMille: uint64(o.pop3Share*1000 + 0.5)},
+		Clients:      o.clients,
+		Rate:         o.rate,
+		Duration:     o.duration,
+		Probes:       probes,
+		Sample:       loadgen.SampleMailboxes(users, o.sample),
+		DrainTimeout: 2 * time.Minute,
+		Timeout:      time.Minute,
+	}
+	targets := []target{
+		{name: "quill", smtp: qaddrs["smtp"], pop3: qaddrs["pop3"], procs: map[string]int{"quill": quill.pid()}, alive: quill.running},
+		{name: "peer", smtp: pr.smtpAddr, pop3: pr.pop3Addr, procs: peerProcs, alive: pr.dovecot.running,
+			settle: func(ctx context.Context) error { return pr.waitQueueEmpty(ctx, 5*time.Minute) }},
+		// The sink stores nothing: SMTP only, no retrieval, no probes.
+		{name: "sink", smtp: saddrs["smtp"], procs: map[string]int{"sink": sink.pid()}, alive: sink.running, smtpOnly: true},
+	}
+	if o.only != "" {
+		var keep []target
+		for _, t := range targets {
+			if t.name == o.only {
+				keep = append(keep, t)
+			}
+		}
+		if len(keep) == 0 {
+			return fmt.Errorf("--only %q: no such target", o.only)
+		}
+		targets = keep
+	}
+
+	results := map[string][]loadgen.MixSummary{}
+	seed := uint64(time.Now().UnixNano())
+	for round := 0; round < o.rounds; round++ {
+		for _, t := range targets {
+			cfg := base
+			cfg.SMTPAddr, cfg.POP3Addr, cfg.Processes = t.smtp, t.pop3, t.procs
+			cfg.Spec.Seed = seed + uint64(round)
+			cfg.Spec.RunID = fmt.Sprintf("%s-r%d-%s", strconv.FormatUint(seed, 36), round, t.name)
+			if t.smtpOnly {
+				cfg.Mix, cfg.Probes, cfg.Sample = loadgen.Mix{}, nil, nil
+			}
+			if err := t.alive(); err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "compare: round %d: %s ...\n", round+1, t.name)
+			sum, err := loadgen.RunMix(ctx, cfg)
+			if err != nil {
+				return fmt.Errorf("%s round %d: %w", t.name, round+1, err)
+			}
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("%s round %d: %w", t.name, round+1, err)
+			}
+			_ = sum.WriteTable(os.Stderr)
+			results[t.name] = append(results[t.name], sum)
+			if t.settle != nil {
+				if err := t.settle(ctx); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	if o.out != "" {
+		b, _ := json.MarshalIndent(map[string]any{"options": fmt.Sprintf("%+v", o), "machine": machine(), "results": results}, "", "  ")
+		if err := os.WriteFile(o.out, b, 0o644); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("machine: %s\n", machine())
+	fmt.Printf("workload: %d users, zipf s=%v, sizes %s, %.0f%% POP3, %d clients, %v per run, %d rounds\n\n",
+		o.users, o.zipf, o.sizes, 100*o.pop3Share, o.clients, o.duration, o.rounds)
+	return printComparison(os.Stdout, results)
+}
+
+// target is one server under test.
+type target struct {
+	name       string
+	smtp, pop3 string
+	procs      map[string]int
+	alive      func() error
+	settle     func(context.Context) error // after each run
+	smtpOnly   bool
+}
+
+// provisionQuill loads the users straight into a new embedded store, as
+// auth.Directory.AddUser would (user record, INBOX, the default
+// mailboxes), but with one precomputed password hash: argon2id per user
+// would take hours for a million users. Concurrent writers share the
+// engine's group commits.
+func provisionQuill(ctx context.Context, data string, users []string, hash string) error {
+	if err := os.MkdirAll(data, 0o700); err != nil {
+		return err
+	}
+	st, err := embedded.Open(filepath.Join(data, server.StoreDir), embedded.Options{})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make([]error, 64)
+	for w := range errs {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(len(users)) || ctx.Err() != nil {
+					return
+				}
+				u := users[i]
+				if err := st.CreateUser(ctx, store.User{Address: u, PasswordHash: hash}); err != nil && !errors.Is(err, store.ErrExists) {
+					errs[w] = fmt.Errorf("%s: %w", u, err)
+					return
+				}
+				for _, m := range auth.DefaultMailboxes {
+					_, err := st.CreateMailbox(ctx, u, m.Name, store.MailboxOptions{SpecialUse: m.SpecialUse, Subscribed: true})
+					if err != nil && !errors.Is(err, store.ErrExists) {
+						errs[w] = fmt.Errorf("%s %s: %w", u, m.Name, err)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// machine describes the host for the report.
+func machine() string {
+	model := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range splitLines(string(b)) {
+			if k, v, ok := cutField(line); ok && k == "model name" {
+				model = v
+				break
+			}
+		}
+	}
+	kernel, _ := exec.Command("uname", "-r").Output()
+	return fmt.Sprintf("%d CPUs (%s), Linux %s, %s", runtime.NumCPU(), model, trimNL(string(kernel)), runtime.Version())
+}

@@ -1,0 +1,264 @@
+package loadgen
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestMixKindExactAndSpread(t *testing.T) {
+	for _, pm := range []uint64{0, 1, 100, 333, 500, 999, 1000} {
+		m := Mix{POP3PerMille: pm}
+		// Any window of 1000 consecutive transactions holds exactly pm.
+		for _, start := range []uint64{0, 1, 517, 1 << 40, 1<<64 - 3000} {
+			n := uint64(0)
+			for i := start; i < start+1000; i++ {
+				if m.Kind(i) == TxPOP3 {
+					n++
+				}
+			}
+			if n != pm {
+				t.Errorf("per mille %d from %d: %d POP3 in 1000", pm, start, n)
+			}
+		}
+		// Evenly spread: the gap between POP3 transactions never exceeds
+		// ceil(1000/pm), so they cannot bunch up at one end of a window.
+		if pm == 0 {
+			continue
+		}
+		maxGap := (1000 + pm - 1) / pm
+		last := uint64(0)
+		seen := false
+		for i := uint64(0); i < 5000; i++ {
+			if m.Kind(i) != TxPOP3 {
+				continue
+			}
+			if seen && i-last > maxGap {
+				t.Errorf("per mille %d: gap %d between POP3 transactions %d and %d", pm, i-last, last, i)
+			}
+			last, seen = i, true
+		}
+	}
+}
+
+func TestSampleMailboxes(t *testing.T) {
+	users := UserNames("example.test", 100)
+	got := SampleMailboxes(users, 6)
+	want := []string{users[0], users[1], users[2], users[3], users[35], users[67]}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("SampleMailboxes = %v, want %v", got, want)
+	}
+	if got := SampleMailboxes(users[:3], 10); len(got) != 3 {
+		t.Errorf("sample of 10 from 3 users: %v", got)
+	}
+}
+
+func TestParseProcStat(t *testing.T) {
+	// A command name with spaces and parentheses, as proc(5) allows.
+	line := []byte("4242 (a (b) c) S 17 4242 4242 0 -1 4194560 1 0 0 0 250 50 7 3 20 0 1 0 100 0 0\n")
+	s, err := parseProcStat(line)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.pid != 4242 || s.ppid != 17 || s.ticks != 310 {
+		t.Errorf("parsed %+v, want pid 4242 ppid 17 ticks 310", s)
+	}
+	for _, bad := range []string{"", "1 (x", "x (y) S 1 2 3", "1 (y) S 1 2 3 4 5 6 7 8 9 10 11 12 13", "1 (y) S z 2 3 4 5 6 7 8 9 10 a b c d e"} {
+		if _, err := parseProcStat([]byte(bad)); err == nil {
+			t.Errorf("parseProcStat(%q) succeeded", bad)
+		}
+	}
+	self, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		t.Skip("no /proc on this system")
+	}
+	if s, err := parseProcStat(self); err != nil || s.pid != os.Getpid() {
+		t.Errorf("own stat: %+v, %v", s, err)
+	}
+}
+
+func FuzzParseProcStat(f *testing.F) {
+	f.Add([]byte("1 (init) S 0 1 1 0 -1 4194560 1 0 0 0 5 6 7 8 20 0 1 0 100 0 0"))
+	f.Add([]byte("2 ()) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		s, err := parseProcStat(b)
+		if err == nil && !bytes.Contains(b, []byte(")")) {
+			t.Fatalf("parsed %+v from a line without a command name", s)
+		}
+	})
+}
+
+func TestTreeCPU(t *testing.T) {
+	procs := map[int]procStat{
+		1:  {pid: 1, ppid: 0, ticks: 1000},
+		10: {pid: 10, ppid: 1, ticks: 100}, // the server's master
+		11: {pid: 11, ppid: 10, ticks: 20},
+		12: {pid: 12, ppid: 10, ticks: 30},
+		13: {pid: 13, ppid: 12, ticks: 5},
+		20: {pid: 20, ppid: 1, ticks: 700}, // someone else
+	}
+	d, ok := treeCPU(procs, 10)
+	if !ok || d != 1550*time.Millisecond {
+		t.Errorf("treeCPU = %v, %v; want 1.55s", d, ok)
+	}
+	if _, ok := treeCPU(procs, 99); ok {
+		t.Error("treeCPU of a missing root succeeded")
+	}
+}
+
+// mixAgainst runs the mix against s with a small population, a delivery
+// sample and a prober.
+func mixAgainst(t *testing.T, s *fakeServer, mut func(*MixConfig)) MixSummary {
+	t.Helper()
+	users := UserNames("example.test", 20)
+	probes := []string{"probe0@example.test", "probe1@example.test"}
+	for _, u := range append(append([]string(nil), users...), probes...) {
+		s.passwords[u] = "mix-password"
+	}
+	z, err := NewZipf(users, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.start()
+	cfg := MixConfig{
+		SMTPAddr: s.smtpLn.Addr().String(),
+		POP3Addr: s.pop3Ln.Addr().String(),
+		Spec: Spec{
+			Seed: 9, RunID: "mix", From: "loadgen@quill-load.invalid",
+			Sizes: DefaultLogNormal, Rcpts: z,
+		},
+		Password:     "mix-password",
+		Mix:          Mix{POP3PerMille: 100},
+		Clients:      4,
+		Duration:     400 * time.Millisecond,
+		Probes:       probes,
+		Sample:       SampleMailboxes(users, 6),
+		DrainTimeout: 5 * time.Second,
+		Processes:    map[string]int{"self": os.Getpid()},
+		Timeout:      10 * time.Second,
+	}
+	if mut != nil {
+		mut(&cfg)
+	}
+	sum, err := RunMix(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sum
+}
+
+func TestRunMixMeasuresDelivery(t *testing.T) {
+	s := newFakeServer(t)
+	sum := mixAgainst(t, s, nil)
+	if sum.SMTP.Acked == 0 || sum.SMTP.Rejected+sum.SMTP.NoReply != 0 {
+		t.Fatalf("smtp: %+v", sum.SMTP)
+	}
+	// Exactly one transaction in ten is a POP3 session.
+	total := sum.SMTP.Attempted + sum.POP3.Sessions
+	if want := total / 10; sum.POP3.Sessions < want-1 || sum.POP3.Sessions > want+1 {
+		t.Errorf("%d POP3 sessions of %d transactions, want 10%%", sum.POP3.Sessions, total)
+	}
+	if sum.POP3.Failed != 0 || sum.POP3.Retrieved == 0 {
+		t.Errorf("pop3: %+v", sum.POP3)
+	}
+	d := sum.Delivery
+	if !d.Measured || !d.DrainComplete || d.Missing != 0 || d.VisibleAtEnd != 1 || d.SampleAcked == 0 {
+		t.Errorf("the fake server stores at once, yet delivery = %+v", d)
+	}
+	if d.MsgPerSec != sum.SMTP.MsgPerSec {
+		t.Errorf("delivered %.1f msg/s != accepted %.1f msg/s", d.MsgPerSec, sum.SMTP.MsgPerSec)
+	}
+	if sum.E2E.Probes == 0 || sum.E2E.Lost != 0 || sum.E2E.Latency.P50 <= 0 {
+		t.Errorf("e2e: %+v", sum.E2E)
+	}
+	if c, ok := sum.CPU["self"]; !ok || c.Total <= 0 || c.PerDelivered <= 0 {
+		t.Errorf("cpu: %+v", sum.CPU)
+	}
+	// The drain emptied the sampled mailboxes of this run's messages.
+	for _, mb := range SampleMailboxes(UserNames("example.test", 20), 6) {
+		if n := len(s.box(mb)); n != 0 {
+			t.Errorf("%s still holds %d messages after the drain", mb, n)
+		}
+	}
+	var buf bytes.Buffer
+	if err := sum.WriteTable(&buf); err != nil || !strings.Contains(buf.String(), "delivered msg/s") {
+		t.Errorf("table: %v\n%s", err, buf.String())
+	}
+	if _, err := json.Marshal(sum); err != nil {
+		t.Error(err)
+	}
+}
+
+// A server that acknowledges but never makes mail visible must not look
+// fast: its delivered rate is zero however fast it acknowledges.
+func TestRunMixQueueingServerDeliversNothing(t *testing.T) {
+	s := newFakeServer(t)
+	s.hold = true
+	sum := mixAgainst(t, s, func(c *MixConfig) {
+		c.Probes = nil
+		c.DrainTimeout = 300 * time.Millisecond
+	})
+	d := sum.Delivery
+	if sum.SMTP.Acked == 0 || d.SampleAcked == 0 {
+		t.Fatalf("nothing acknowledged: %+v", sum.SMTP)
+	}
+	if d.MsgPerSec != 0 || d.VisibleAtEnd != 0 || d.DrainComplete || d.Missing != d.SampleAcked {
+		t.Errorf("delivery of a server that never delivers: %+v", d)
+	}
+}
+
+func TestRunMixOpenLoopPacing(t *testing.T) {
+	s := newFakeServer(t)
+	sum := mixAgainst(t, s, func(c *MixConfig) {
+		c.Rate = 200
+		c.Duration = 500 * time.Millisecond
+		c.Probes = nil
+	})
+	started := sum.SMTP.Attempted + sum.POP3.Sessions
+	// 100 transactions fall due; a fast server starts them all.
+	if started+sum.Unstarted != 100 || started < 90 {
+		t.Errorf("open loop at 200/s for 0.5s: %d started, %d unstarted, want 100", started, sum.Unstarted)
+	}
+	if sum.Mode != "open" || sum.OfferedRate != 200 {
+		t.Errorf("mode %q rate %v", sum.Mode, sum.OfferedRate)
+	}
+}
+
+func TestSaturateStopsAtTheBound(t *testing.T) {
+	s := newFakeServer(t)
+	users := UserNames("example.test", 5)
+	for _, u := range users {
+		s.passwords[u] = "pw-pw-pw-pw"
+	}
+	s.start()
+	base := MixConfig{
+		SMTPAddr: s.smtpLn.Addr().String(),
+		POP3Addr: s.pop3Ln.Addr().String(),
+		Spec:     Spec{Seed: 1, RunID: "sat", From: "l@quill-load.invalid", Sizes: FixedSize(2000), Rcpts: Uniform{Users: users}},
+		Password: "pw-pw-pw-pw",
+		Clients:  1,
+		Timeout:  10 * time.Second,
+	}
+	// One client of a server that takes ~0.1-1 ms per transaction cannot
+	// meet 100,000 tx/s: the search passes the low rates and stops there.
+	res, err := Saturate(t.Context(), base, SaturationConfig{
+		StartRate: 50, Factor: 50, Step: 200 * time.Millisecond,
+		Bound: time.Second, MaxShare: 0.05, MaxSteps: 5,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := len(res.Steps)
+	if n < 2 || !res.Steps[0].Passed || res.Steps[n-1].Passed {
+		t.Fatalf("steps: %+v", res.Steps)
+	}
+	if res.PeakRate != res.Steps[n-2].Rate || res.PeakDelivered <= 0 {
+		t.Errorf("peak %v (%v delivered), steps %+v", res.PeakRate, res.PeakDelivered, res.Steps)
+	}
+	if _, err := Saturate(t.Context(), base, SaturationConfig{StartRate: 1, Factor: 1, Step: time.Second, Bound: time.Second}); err == nil {
+		t.Error("factor 1 accepted")
+	}
+}

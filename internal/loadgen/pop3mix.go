@@ -1,0 +1,220 @@
+package loadgen
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// maxRetrieved bounds one retrieved message: the largest we generate plus
+// room for any server's trace fields.
+const maxRetrieved = maxGenSize + 1<<20
+
+// errInUse is a POP3 login refused because another session holds the
+// maildrop (RFC 2449 section 8.1.2, [IN-USE]): a legitimate answer under a
+// skewed mix, counted apart from failures.
+var errInUse = errors.New("loadgen: maildrop in use")
+
+// pop3Result is what one mix session did.
+type pop3Result struct {
+	err      error
+	loginAt  time.Time     // when the PASS reply arrived: the maildrop's snapshot
+	login    time.Duration // connect to PASS reply
+	msgs     int64         // retrieved and deleted (after QUIT +OK)
+	bytes    int64
+	runMsgs  int64 // of msgs, those whose id starts with the run's prefix
+	foundID  bool  // a message with the wanted id was among them
+	bodyErrs int64 // this run's messages whose content differs from the id's
+}
+
+// pop3Session logs in as user, retrieves and deletes every message, and
+// quits (RFC 1939: STAT, RETR, DELE, QUIT; the deletions take effect in the
+// UPDATE state). Counts are reported only when QUIT succeeds, since until
+// then nothing was deleted.
+func pop3Session(ctx context.Context, cfg *MixConfig, user, idPfx, wantID string) (res pop3Result) {
+	t0 := time.Now()
+	conn, err := cfg.Dialer.DialContext(ctx, "tcp", cfg.POP3Addr)
+	if err != nil {
+		res.err = fmt.Errorf("pop3 dial: %w", err)
+		return res
+	}
+	defer conn.Close()
+	defer watch(ctx, conn)()
+	p := &pop3Conn{ctx: ctx, conn: conn, r: bufio.NewReaderSize(conn, maxMessageLine+2), w: bufio.NewWriter(conn), timeout: cfg.Timeout}
+	if _, err := p.status(); err != nil {
+		res.err = fmt.Errorf("pop3 greeting: %w", err)
+		return res
+	}
+	if _, err := p.cmd("USER " + user); err != nil {
+		res.err = fmt.Errorf("pop3 USER: %w", err)
+		return res
+	}
+	if _, err := p.cmd("PASS " + cfg.Password); err != nil {
+		if strings.Contains(err.Error(), "[IN-USE]") {
+			err = errInUse
+		}
+		res.err = fmt.Errorf("pop3 PASS: %w", err)
+		return res
+	}
+	res.loginAt = time.Now()
+	res.login = res.loginAt.Sub(t0)
+	stat, err := p.cmd("STAT")
+	if err != nil {
+		res.err = fmt.Errorf("pop3 STAT: %w", err)
+		return res
+	}
+	count, err := parseStat(stat)
+	if err != nil {
+		res.err = err
+		return res
+	}
+	var msg []byte
+	var msgs, bytes, runMsgs int64
+	found := false
+	for i := 1; i <= count; i++ {
+		n := strconv.Itoa(i)
+		if _, err := p.cmd("RETR " + n); err != nil {
+			res.err = fmt.Errorf("pop3 RETR: %w", err)
+			return res
+		}
+		if msg, err = readMultiline(p.r, msg[:0], maxRetrieved); err != nil {
+			res.err = fmt.Errorf("pop3 RETR: %w", err)
+			return res
+		}
+		msgs++
+		bytes += int64(len(msg))
+		if id, ok := HeaderValue(StripTrace(msg), IDHeader); ok && strings.HasPrefix(id, idPfx) {
+			runMsgs++
+			found = found || id == wantID
+		}
+		if _, err := p.cmd("DELE " + n); err != nil {
+			res.err = fmt.Errorf("pop3 DELE: %w", err)
+			return res
+		}
+	}
+	if _, err := p.cmd("QUIT"); err != nil {
+		res.err = fmt.Errorf("pop3 QUIT: %w", err)
+		return res
+	}
+	res.msgs, res.bytes, res.runMsgs, res.foundID = msgs, bytes, runMsgs, found
+	return res
+}
+
+// pop3Stats is one worker's share of the POP3 figures.
+type pop3Stats struct {
+	sessions, failed, inUse, msgs, bytes int64
+	lat, login                           histogram
+}
+
+func (s *pop3Stats) add(res pop3Result, lat time.Duration) {
+	s.sessions++
+	switch {
+	case errors.Is(res.err, errInUse):
+		s.inUse++
+		return
+	case res.err != nil:
+		s.failed++
+		return
+	}
+	s.msgs += res.msgs
+	s.bytes += res.bytes
+	s.lat.record(lat)
+	s.login.record(res.login)
+}
+
+// prober measures end-to-end delivery latency, one message at a time: it
+// sends a message to a probe mailbox and logs in until the message is
+// there. The latency is from the SMTP acknowledgement to the PASS reply of
+// the login that found it, so it includes at most one login too many
+// (reported as the POP3 login latency).
+type prober struct {
+	run  *mixRun
+	gen  *Generator
+	seq  uint64
+	e2e  histogram
+	sent int64
+	lost int64 // acknowledged but not visible within the timeout
+	errs int64
+}
+
+// probeSeqBase keeps probe message ids apart from the mix's.
+const probeSeqBase = 1 << 62
+
+// probeTimeout is how long one probe may take to become visible.
+const probeTimeout = 30 * time.Second
+
+func newProber(r *mixRun) *prober {
+	spec := r.cfg.Spec
+	spec.Rcpts = &roundRobin{users: r.cfg.Probes}
+	gen, _ := NewGenerator(spec) // spec was validated with a different picker only
+	return &prober{run: r, gen: gen, seq: probeSeqBase}
+}
+
+// roundRobin picks the users in turn; it is owned by one goroutine.
+type roundRobin struct {
+	users []string
+	next  int
+}
+
+func (rr *roundRobin) Pick(_ *rand.Rand, dst []string) []string {
+	u := rr.users[rr.next%len(rr.users)]
+	rr.next++
+	return append(dst, u)
+}
+
+func (p *prober) loop() {
+	cfg, ctx := p.run.cfg, p.run.ctx
+	var c *smtpClient
+	defer func() {
+		if c != nil {
+			c.quit()
+		}
+	}()
+	for ctx.Err() == nil && time.Now().Before(p.run.stopAt) {
+		if c == nil {
+			var err error
+			if c, err = dialSMTP(ctx, cfg.Dialer, cfg.SMTPAddr, cfg.Helo, cfg.Timeout); err != nil {
+				p.errs++
+				if !backoff(ctx, 1) {
+					return
+				}
+				continue
+			}
+		}
+		m := p.gen.Next(p.seq)
+		p.seq++
+		mb, id := m.Rcpts[0], m.ID()
+		res := c.send(m, cfg.Spec.From)
+		acked := time.Now()
+		if c.broken {
+			c.close()
+			c = nil
+		}
+		if res.outcome != Acked {
+			p.errs++
+			continue
+		}
+		p.sent++
+		deadline := acked.Add(probeTimeout)
+		for {
+			r := pop3Session(ctx, cfg, mb, p.run.idPfx, id)
+			if r.err == nil && r.foundID {
+				p.e2e.record(r.loginAt.Sub(acked))
+				break
+			}
+			if ctx.Err() != nil || time.Now().After(deadline) {
+				p.lost++
+				break
+			}
+			if r.err != nil && !errors.Is(r.err, errInUse) {
+				p.errs++
+				backoff(ctx, 1) // a failing server must not be hammered
+			}
+		}
+	}
+}
