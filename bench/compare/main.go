@@ -52,6 +52,7 @@ type options struct {
 	sizes, out                             string
 	skipInstall, keep                      bool
 	only                                   string
+	kdf                                    string
 }
 
 func main() {
@@ -71,6 +72,8 @@ func main() {
 	flag.BoolVar(&o.skipInstall, "skip-install", false, "do not apt-get install missing packages")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (logs, data)")
 	flag.StringVar(&o.only, "only", "", "run only this target: quill, peer or sink")
+	flag.StringVar(&o.kdf, "kdf", "default", "argon2id cost of the users' password hash, the same on both servers: "+
+		"default (Quill's production parameters) or light (64 KiB, 1 pass: isolates the mail path from login cost)")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -145,7 +148,15 @@ func run(ctx context.Context, o options) (err error) {
 		probes[i] = fmt.Sprintf("probe%02d@%s", i, domain)
 	}
 	all := append(append([]string(nil), users...), probes...)
-	hash, err := auth.HashPassword(password, auth.DefaultKDF)
+	kdf := auth.DefaultKDF
+	switch o.kdf {
+	case "default":
+	case "light":
+		kdf = auth.KDFParams{MemoryKiB: 64, Time: 1, Threads: 1}
+	default:
+		return fmt.Errorf("--kdf %q: want default or light", o.kdf)
+	}
+	hash, err := auth.HashPassword(password, kdf)
 	if err != nil {
 		return err
 	}
