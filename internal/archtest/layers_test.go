@@ -27,13 +27,14 @@ var allowed = map[string][]string{
 	"bench/compare": {"internal/auth", "internal/loadgen", "internal/server", "internal/store", "internal/store/embedded"},
 
 	// Composition root: may import everything below it.
-	"internal/server": {"internal/admin", "internal/auth", "internal/config", "internal/delivery", "internal/mailbox",
+	"internal/server": {"internal/admin", "internal/auth", "internal/config", "internal/delivery", "internal/imap", "internal/mailbox",
 		"internal/pop3", "internal/smtp", "internal/store", "internal/store/embedded", "internal/textconn"},
 
 	// Protocol front ends: domain services through their own interfaces,
 	// and the domain packages' types and error values. Never the store.
 	"internal/smtp":  {"internal/auth", "internal/delivery", "internal/mail", "internal/textconn"},
 	"internal/pop3":  {"internal/auth", "internal/mailbox", "internal/textconn"},
+	"internal/imap":  {"internal/auth", "internal/mailbox", "internal/mime", "internal/textconn"},
 	"internal/admin": {"internal/auth", "internal/mail", "internal/store"},
 
 	// Domain services.

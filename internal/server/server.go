@@ -113,7 +113,10 @@ func (s *Server) Start() (err error) {
 		Logger:        s.log.With("component", "auth"),
 		Registry:      s.reg,
 	})
+	// The change hub wakes IMAP sessions (IDLE) when mail is delivered.
+	hub := mailbox.NewHub()
 	agent := delivery.NewAgent(s.store, delivery.Options{
+		Notifier:            hub,
 		Domains:             cfg.Domains,
 		Hostname:            cfg.Hostname,
 		SubaddressSeparator: cfg.Delivery.SubaddressSeparator,
@@ -156,6 +159,8 @@ func (s *Server) Start() (err error) {
 			ReadTimeout:       cfg.Limits.POP3IdleTimeout.Duration,
 		}
 	}
+	imapSrv := imapServers{cfg: cfg, log: s.log, reg: s.reg, tls: tlsConfig, limiter: limiter,
+		backend: imapBackend{authn, mailbox.NewMailboxes(s.store, hub)}}
 	l := cfg.Listeners
 	for _, x := range []struct {
 		name, network, addr string
@@ -168,6 +173,8 @@ func (s *Server) Start() (err error) {
 		{"lmtp_socket", "unix", l.LMTPSocket, func() protocolServer { return newSMTP("lmtp_socket", smtp.ModeLMTP, false) }},
 		{"pop3", "tcp", l.POP3, func() protocolServer { return newPOP3("pop3", false) }},
 		{"pop3s", "tcp", l.POP3S, func() protocolServer { return newPOP3("pop3s", true) }},
+		{"imap", "tcp", l.IMAP, func() protocolServer { return imapSrv.new("imap", false) }},
+		{"imaps", "tcp", l.IMAPS, func() protocolServer { return imapSrv.new("imaps", true) }},
 	} {
 		if !config.Enabled(x.addr) {
 			continue
@@ -178,9 +185,6 @@ func (s *Server) Start() (err error) {
 		}
 		s.listeners[x.name] = ln
 		s.servers[x.name] = x.srv()
-	}
-	if config.Enabled(l.IMAP) || config.Enabled(l.IMAPS) {
-		s.log.Warn("IMAP is not implemented yet; the imap and imaps listeners stay closed")
 	}
 	if config.Enabled(l.Admin) {
 		if err := s.startAdmin(authn); err != nil {

@@ -1,0 +1,210 @@
+package imap
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+var update = flag.Bool("update", false, "rewrite the S: lines of testdata/*.txt from the server's actual responses")
+
+// TestGolden runs every transcript in testdata/*.txt against a server over
+// the real mailbox service and embedded engine (newTestBackend).
+//
+// Transcript lines:
+//
+//	# comment
+//	!option name[=value]  before anything else: tls, implicit, insecure,
+//	                      remote=IP, maxerrors=N, maxliteral=N,
+//	                      appendlimit=N, maxline=N
+//	!connect [n]          open session n and read its greeting
+//	C[n]: line            send line (<CRLF> stands for CRLF inside it);
+//	                      the response through its tagged line (or a
+//	                      continuation request) follows
+//	S[n]: line            expected server line (rewritten by -update)
+//	!tls [n]              TLS handshake after OK to STARTTLS
+//	!read [n]             read one more server line (IDLE pushes)
+//	!deliver user subject deliver a message to user's INBOX, as SMTP does
+//	!shutdown             Shutdown the server (sessions get BYE)
+//
+// UIDVALIDITY values derive from the clock, so numbers within a day of now
+// read as "UV" in the output.
+func TestGolden(t *testing.T) {
+	files, err := filepath.Glob("testdata/*.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) == 0 {
+		t.Fatal("no transcripts in testdata")
+	}
+	for _, file := range files {
+		name := strings.TrimSuffix(filepath.Base(file), ".txt")
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			script, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := runTranscript(t, string(script))
+			if *update {
+				if err := os.WriteFile(file, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			} else if got != string(script) {
+				t.Errorf("transcript differs (run with -update to accept):\n%s", lineDiff(string(script), got))
+			}
+		})
+	}
+}
+
+var (
+	lineRE = regexp.MustCompile(`^([CS])([0-9]?): ?(.*)$`)
+	numRE  = regexp.MustCompile(`\b1[0-9]{9}\b`)
+)
+
+// maskUV replaces clock-derived UIDVALIDITY values with "UV".
+func maskUV(s string) string {
+	now := time.Now().Unix()
+	return numRE.ReplaceAllStringFunc(s, func(n string) string {
+		v, _ := strconv.ParseInt(n, 10, 64)
+		if v > now-86400 && v < now+86400 {
+			return "UV"
+		}
+		return n
+	})
+}
+
+func runTranscript(t *testing.T, script string) string {
+	serverTLS, clientTLS := tlsConfigs(t)
+	backend := newTestBackend(t)
+	srv := &Server{Hostname: "imap.test", Backend: backend, Logger: testLogger(t)}
+	var remote netip.Addr
+	var out strings.Builder
+	clients := map[string]*client{}
+	var addr string
+	started := false
+	session := func(n string) *client {
+		c := clients[n]
+		if c == nil {
+			t.Fatalf("session %q used before !connect", n)
+		}
+		return c
+	}
+	emit := func(n string, lines ...string) {
+		for _, l := range lines {
+			fmt.Fprintf(&out, "S%s: %s\n", n, maskUV(l))
+		}
+	}
+	start := func() {
+		if !started {
+			started = true
+			addr = startServer(t, srv, remote)
+		}
+	}
+	for _, line := range strings.SplitAfter(script, "\n") {
+		text := strings.TrimSuffix(line, "\n")
+		if line == "" {
+			continue
+		}
+		if m := lineRE.FindStringSubmatch(text); m != nil {
+			if m[1] == "S" {
+				continue
+			}
+			out.WriteString(line)
+			start()
+			emit(m[2], session(m[2]).command(m[3])...)
+			continue
+		}
+		out.WriteString(line)
+		if !strings.HasPrefix(text, "!") {
+			continue
+		}
+		verb, arg, _ := strings.Cut(strings.TrimPrefix(text, "!"), " ")
+		switch verb {
+		case "option":
+			if started {
+				t.Fatalf("!option after the server started: %q", text)
+			}
+			name, value, _ := strings.Cut(arg, "=")
+			num := func() int {
+				n, err := strconv.Atoi(value)
+				if err != nil {
+					t.Fatalf("option %q: %v", arg, err)
+				}
+				return n
+			}
+			switch name {
+			case "tls":
+				srv.TLSConfig = serverTLS
+			case "implicit":
+				srv.TLSConfig, srv.ImplicitTLS = serverTLS, true
+			case "insecure":
+				srv.AllowInsecureAuth = true
+			case "remote":
+				remote = netip.MustParseAddr(value)
+			case "maxerrors":
+				srv.MaxErrors = num()
+			case "maxliteral":
+				srv.MaxLiteral = int64(num())
+			case "appendlimit":
+				srv.AppendLimit = int64(num())
+			case "maxline":
+				srv.MaxLineLength = num()
+			default:
+				t.Fatalf("unknown option %q", arg)
+			}
+		case "connect":
+			start()
+			cfg := clientTLS
+			if !srv.ImplicitTLS {
+				cfg = nil
+			}
+			c := dial(t, addr, cfg)
+			clients[arg] = c
+			emit(arg, c.readLines()...)
+		case "tls":
+			session(arg).startTLS(clientTLS)
+		case "read":
+			emit(arg, session(arg).readLines()...)
+		case "deliver":
+			user, subject, _ := strings.Cut(arg, " ")
+			backend.deliver(t, user, "From: x@example.org\r\nSubject: "+subject+"\r\n\r\nbody\r\n")
+		case "shutdown":
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err := srv.Shutdown(ctx)
+			cancel()
+			if err != nil {
+				t.Errorf("Shutdown: %v", err)
+			}
+		default:
+			t.Fatalf("unknown directive %q", text)
+		}
+	}
+	return out.String()
+}
+
+// lineDiff shows the first differing line of two transcripts.
+func lineDiff(want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	for i := 0; i < max(len(w), len(g)); i++ {
+		var wl, gl string
+		if i < len(w) {
+			wl = w[i]
+		}
+		if i < len(g) {
+			gl = g[i]
+		}
+		if wl != gl {
+			return fmt.Sprintf("line %d:\nwant %q\ngot  %q\n--- full output ---\n%s", i+1, wl, gl, got)
+		}
+	}
+	return ""
+}

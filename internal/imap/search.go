@@ -1,0 +1,576 @@
+package imap
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"quill/internal/mailbox"
+)
+
+// searchKey is one search-key (RFC 3501 section 6.4.4); and/or/not build
+// the tree.
+type searchKey struct {
+	op    string // ALL, FLAG, UNFLAG, LARGER, SMALLER, BEFORE, ON, SINCE, SENTBEFORE, SENTON, SENTSINCE, HEADER, BODY, TEXT, UID, SEQ, NOT, OR, AND, NEW, OLD, RECENT
+	flag  string
+	n     int64
+	date  time.Time
+	field string // HEADER field name (FROM, TO, ... map to HEADER)
+	value string
+	set   SeqSet
+	sub   []searchKey
+}
+
+// maxSearchKeys bounds the keys of one SEARCH.
+const maxSearchKeys = 1000
+
+type searchParser struct {
+	d     *decoder
+	count int
+}
+
+// keys reads search keys separated by SP until the end of the command or
+// a ')'.
+func (p *searchParser) keys() ([]searchKey, error) {
+	var out []searchKey
+	for {
+		k, err := p.key()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, k)
+		if p.d.eol() || p.d.peek() == ')' {
+			return out, nil
+		}
+		if err := p.d.sp(); err != nil {
+			return nil, err
+		}
+	}
+}
+
+func (p *searchParser) key() (searchKey, error) {
+	d := p.d
+	p.count++
+	if p.count > maxSearchKeys {
+		return searchKey{}, &protoError{code: "LIMIT", text: "too many search keys"}
+	}
+	if d.peek() == '(' {
+		var sub []searchKey
+		d.depth++
+		defer func() { d.depth-- }()
+		if d.depth > maxDepth {
+			return searchKey{}, &protoError{code: "LIMIT", text: "search keys nested too deeply"}
+		}
+		d.accept('(')
+		sub, err := p.keys()
+		if err != nil {
+			return searchKey{}, err
+		}
+		if err := d.expect(')'); err != nil {
+			return searchKey{}, err
+		}
+		return searchKey{op: "AND", sub: sub}, nil
+	}
+	if c := d.peek(); c == '$' || c == '*' || (c >= '0' && c <= '9') {
+		set, err := d.seqSet()
+		return searchKey{op: "SEQ", set: set}, err
+	}
+	a, err := d.atom("")
+	if err != nil {
+		return searchKey{}, err
+	}
+	a = strings.ToUpper(a)
+	arg := func() (string, error) {
+		if err := d.sp(); err != nil {
+			return "", err
+		}
+		return d.astring()
+	}
+	dateArg := func(op string) (searchKey, error) {
+		if err := d.sp(); err != nil {
+			return searchKey{}, err
+		}
+		t, err := d.date()
+		return searchKey{op: op, date: t}, err
+	}
+	flagKey := func(op, flag string) (searchKey, error) { return searchKey{op: op, flag: flag}, nil }
+	switch a {
+	case "ALL":
+		return searchKey{op: "ALL"}, nil
+	case "ANSWERED", "DELETED", "DRAFT", "FLAGGED", "SEEN":
+		return flagKey("FLAG", canonicalFlag(`\`+a))
+	case "UNANSWERED", "UNDELETED", "UNDRAFT", "UNFLAGGED", "UNSEEN":
+		return flagKey("UNFLAG", canonicalFlag(`\`+a[2:]))
+	case "NEW", "OLD", "RECENT":
+		return searchKey{op: a}, nil
+	case "KEYWORD", "UNKEYWORD":
+		if err := d.sp(); err != nil {
+			return searchKey{}, err
+		}
+		f, err := d.flag()
+		if a == "KEYWORD" {
+			return searchKey{op: "FLAG", flag: f}, err
+		}
+		return searchKey{op: "UNFLAG", flag: f}, err
+	case "BCC", "CC", "FROM", "SUBJECT", "TO":
+		v, err := arg()
+		return searchKey{op: "HEADER", field: a, value: v}, err
+	case "HEADER":
+		f, err := arg()
+		if err != nil {
+			return searchKey{}, err
+		}
+		v, err := arg()
+		return searchKey{op: "HEADER", field: strings.ToUpper(f), value: v}, err
+	case "BODY", "TEXT":
+		v, err := arg()
+		return searchKey{op: a, value: v}, err
+	case "BEFORE", "ON", "SINCE", "SENTBEFORE", "SENTON", "SENTSINCE":
+		return dateArg(a)
+	case "LARGER", "SMALLER":
+		if err := d.sp(); err != nil {
+			return searchKey{}, err
+		}
+		n, err := d.number64()
+		return searchKey{op: a, n: int64(n)}, err
+	case "UID":
+		if err := d.sp(); err != nil {
+			return searchKey{}, err
+		}
+		set, err := d.seqSet()
+		return searchKey{op: "UID", set: set}, err
+	case "NOT":
+		if err := d.sp(); err != nil {
+			return searchKey{}, err
+		}
+		k, err := p.key()
+		return searchKey{op: "NOT", sub: []searchKey{k}}, err
+	case "OR":
+		if err := d.sp(); err != nil {
+			return searchKey{}, err
+		}
+		k1, err := p.key()
+		if err != nil {
+			return searchKey{}, err
+		}
+		if err := d.sp(); err != nil {
+			return searchKey{}, err
+		}
+		k2, err := p.key()
+		return searchKey{op: "OR", sub: []searchKey{k1, k2}}, err
+	}
+	return searchKey{}, syntaxErr("unknown search key")
+}
+
+// searchReturn are the ESEARCH return options (RFC 4731, RFC 5182 SAVE).
+type searchReturn struct {
+	esearch                    bool
+	min, max, all, count, save bool
+}
+
+// cmdSearch: RFC 3501 section 6.4.4, with ESEARCH (RFC 4731), SEARCHRES
+// (RFC 5182) and CHARSET UTF-8. Header keys match unfolded raw field
+// values, case-insensitively; BODY and TEXT read the stored message.
+func (s *session) cmdSearch(ctx context.Context, d *decoder, c *command) (string, error) {
+	if err := d.sp(); err != nil {
+		return "", err
+	}
+	var ret searchReturn
+	save := d.line
+	if a, err := d.atom(""); err == nil && strings.EqualFold(a, "RETURN") {
+		ret.esearch = true
+		if err := d.sp(); err != nil {
+			return "", err
+		}
+		err := d.list(func() error {
+			o, err := d.atom("")
+			switch strings.ToUpper(o) {
+			case "MIN":
+				ret.min = true
+			case "MAX":
+				ret.max = true
+			case "ALL":
+				ret.all = true
+			case "COUNT":
+				ret.count = true
+			case "SAVE":
+				ret.save = true
+			default:
+				return syntaxErr("unknown RETURN option")
+			}
+			return err
+		})
+		if err != nil {
+			return "", err
+		}
+		if !ret.min && !ret.max && !ret.count && !ret.save {
+			ret.all = true
+		}
+		if err := d.sp(); err != nil {
+			return "", err
+		}
+		save = d.line
+	} else {
+		d.line = save
+	}
+	if a, err := d.atom(""); err == nil && strings.EqualFold(a, "CHARSET") {
+		if err := d.sp(); err != nil {
+			return "", err
+		}
+		cs, err := d.astring()
+		if err != nil {
+			return "", err
+		}
+		if !strings.EqualFold(cs, "UTF-8") && !strings.EqualFold(cs, "US-ASCII") {
+			return "", &protoError{no: true, code: "BADCHARSET (UTF-8 US-ASCII)", text: "unsupported charset"}
+		}
+		if err := d.sp(); err != nil {
+			return "", err
+		}
+	} else {
+		d.line = save
+	}
+	p := searchParser{d: d}
+	keys, err := p.keys()
+	if err != nil {
+		return "", err
+	}
+	if err := d.end(); err != nil {
+		return "", err
+	}
+	for _, k := range keys {
+		if err := checkUTF8(k); err != nil {
+			return "", err
+		}
+	}
+	root := searchKey{op: "AND", sub: keys}
+	var hits []mailbox.Message
+	err = s.view.Messages(ctx, s.view.UIDs(), func(m mailbox.Message) error {
+		ev := evaluator{s: s, ctx: ctx, m: m}
+		ok, err := ev.match(root)
+		ev.close()
+		if err != nil {
+			return err
+		}
+		if ok {
+			hits = append(hits, m)
+		}
+		return nil
+	})
+	if err != nil && err != mailbox.ErrExpunged {
+		return "", err
+	}
+	if ret.save {
+		s.saved = s.saved[:0]
+		for _, m := range hits {
+			s.saved = append(s.saved, m.UID)
+		}
+	}
+	num := func(m mailbox.Message) uint32 {
+		if c.uid {
+			return m.UID
+		}
+		return m.Seq
+	}
+	e := &s.enc
+	if !ret.esearch {
+		e.raw("* SEARCH")
+		for _, m := range hits {
+			e.sp().num(num(m))
+		}
+		e.crlf()
+		return c.name + " completed", nil
+	}
+	if ret.save && !ret.min && !ret.max && !ret.count && !ret.all {
+		// RFC 5182 section 2.4: SAVE alone returns no ESEARCH.
+		return c.name + " completed", nil
+	}
+	e.raw(`* ESEARCH (TAG "`).raw(c.tag).raw(`")`)
+	if c.uid {
+		e.raw(" UID")
+	}
+	if len(hits) > 0 {
+		if ret.min {
+			e.raw(" MIN ").num(num(hits[0]))
+		}
+		if ret.max {
+			e.raw(" MAX ").num(num(hits[len(hits)-1]))
+		}
+		if ret.all {
+			nums := make([]uint32, len(hits))
+			for i, m := range hits {
+				nums[i] = num(m)
+			}
+			e.raw(" ALL ").raw(uidRange(nums))
+		}
+	}
+	if ret.count {
+		e.raw(" COUNT ").num(uint32(len(hits)))
+	}
+	e.crlf()
+	return c.name + " completed", nil
+}
+
+func checkUTF8(k searchKey) error {
+	if !utf8.ValidString(k.value) {
+		return syntaxErr("search string is not UTF-8")
+	}
+	for _, sk := range k.sub {
+		if err := checkUTF8(sk); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// evaluator matches one message, reading its header and body only when a
+// key needs them.
+type evaluator struct {
+	s    *session
+	ctx  context.Context
+	m    mailbox.Message
+	body mailbox.BodyReader
+	hdr  []byte
+	hlen int64
+	read bool
+}
+
+func (ev *evaluator) close() {
+	if ev.body != nil {
+		ev.body.Close()
+	}
+}
+
+func (ev *evaluator) open() error {
+	if ev.read {
+		return nil
+	}
+	b, err := ev.s.view.Open(ev.ctx, ev.m)
+	if err != nil {
+		return err
+	}
+	ev.body, ev.read = b, true
+	ev.hlen, ev.hdr, err = scanHeader(b, ev.m.Size)
+	return err
+}
+
+func (ev *evaluator) match(k searchKey) (bool, error) {
+	m := ev.m
+	switch k.op {
+	case "ALL":
+		return true, nil
+	case "AND":
+		for _, sk := range k.sub {
+			if ok, err := ev.match(sk); !ok || err != nil {
+				return false, err
+			}
+		}
+		return true, nil
+	case "OR":
+		ok, err := ev.match(k.sub[0])
+		if ok || err != nil {
+			return ok, err
+		}
+		return ev.match(k.sub[1])
+	case "NOT":
+		ok, err := ev.match(k.sub[0])
+		return !ok, err
+	case "FLAG":
+		return hasFlag(m.Flags, k.flag), nil
+	case "UNFLAG":
+		return !hasFlag(m.Flags, k.flag), nil
+	case "RECENT":
+		return ev.s.view.Recent(m.UID), nil
+	case "NEW":
+		return ev.s.view.Recent(m.UID) && !hasFlag(m.Flags, `\Seen`), nil
+	case "OLD":
+		return !ev.s.view.Recent(m.UID), nil
+	case "LARGER":
+		return m.Size > k.n, nil
+	case "SMALLER":
+		return m.Size < k.n, nil
+	case "BEFORE", "ON", "SINCE":
+		return dateMatch(k.op, dayOf(m.InternalDate), k.date), nil
+	case "SENTBEFORE", "SENTON", "SENTSINCE":
+		if err := ev.open(); err != nil {
+			return false, err
+		}
+		v, ok := headerValue(ev.hdr, "DATE")
+		if !ok {
+			return false, nil
+		}
+		t, err := parseMailDate(v)
+		if err != nil {
+			return false, nil
+		}
+		return dateMatch(strings.TrimPrefix(k.op, "SENT"), dayOf(t), k.date), nil
+	case "UID":
+		return containsUID(ev.s, k.set, m.UID, true), nil
+	case "SEQ":
+		return containsSeq(ev.s, k.set, m.Seq), nil
+	case "HEADER":
+		if err := ev.open(); err != nil {
+			return false, err
+		}
+		v, ok := headerValue(ev.hdr, k.field)
+		return ok && containsFold(v, k.value), nil
+	case "BODY", "TEXT":
+		if err := ev.open(); err != nil {
+			return false, err
+		}
+		start := ev.hlen
+		if k.op == "TEXT" {
+			start = 0
+		}
+		return streamContains(io.NewSectionReader(ev.body, start, m.Size-start), k.value)
+	}
+	return false, nil
+}
+
+// containsUID reports whether a set of UIDs names uid.
+func containsUID(s *session, set SeqSet, uid uint32, _ bool) bool {
+	if set.Saved {
+		for _, u := range s.saved {
+			if u == uid {
+				return true
+			}
+		}
+		return false
+	}
+	star := s.view.MaxUID()
+	for _, r := range set.Ranges {
+		if lo, hi := r.bounds(star); uid >= lo && uid <= hi {
+			return true
+		}
+	}
+	return false
+}
+
+// containsSeq reports whether a set of sequence numbers names seq; "$"
+// names the saved UIDs.
+func containsSeq(s *session, set SeqSet, seq uint32) bool {
+	if set.Saved {
+		return containsUID(s, set, s.view.UID(seq), true)
+	}
+	for _, r := range set.Ranges {
+		if lo, hi := r.bounds(s.view.Len()); seq >= lo && seq <= hi {
+			return true
+		}
+	}
+	return false
+}
+
+func hasFlag(flags []string, f string) bool {
+	for _, x := range flags {
+		if strings.EqualFold(x, f) {
+			return true
+		}
+	}
+	return false
+}
+
+// dayOf is the date of t in its own zone (RFC 3501: dates disregard time
+// and timezone).
+func dayOf(t time.Time) time.Time {
+	return time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC)
+}
+
+func dateMatch(op string, day, key time.Time) bool {
+	switch op {
+	case "BEFORE":
+		return day.Before(key)
+	case "ON":
+		return day.Equal(key)
+	default: // SINCE
+		return !day.Before(key)
+	}
+}
+
+// parseMailDate parses an RFC 5322 date-time leniently.
+func parseMailDate(v string) (time.Time, error) {
+	v = strings.TrimSpace(v)
+	if i := strings.Index(v, "("); i > 0 {
+		v = strings.TrimSpace(v[:i])
+	}
+	var err error
+	for _, layout := range []string{time.RFC1123Z, "Mon, _2 Jan 2006 15:04:05 -0700", "_2 Jan 2006 15:04:05 -0700", time.RFC1123,
+		"Mon, _2 Jan 2006 15:04 -0700", "_2 Jan 2006 15:04 -0700"} {
+		var t time.Time
+		if t, err = time.Parse(layout, v); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, err
+}
+
+// headerValue returns the unfolded value of the first field called name.
+func headerValue(hdr []byte, name string) (string, bool) {
+	var val []byte
+	found := false
+	for len(hdr) > 0 {
+		i := bytes.IndexByte(hdr, '\n')
+		line := hdr
+		if i >= 0 {
+			line = hdr[:i+1]
+		}
+		hdr = hdr[len(line):]
+		trimmed := bytes.TrimRight(line, "\r\n")
+		if len(trimmed) == 0 {
+			break
+		}
+		if line[0] == ' ' || line[0] == '\t' {
+			if found {
+				val = append(val, trimmed...)
+			}
+			continue
+		}
+		if found {
+			break
+		}
+		n, v, ok := bytes.Cut(trimmed, []byte(":"))
+		if ok && strings.EqualFold(string(bytes.TrimSpace(n)), name) {
+			found = true
+			val = append(val, bytes.TrimLeft(v, " \t")...)
+		}
+	}
+	return string(val), found
+}
+
+// containsFold reports whether s contains sub, case-insensitively
+// (Unicode simple folding).
+func containsFold(s, sub string) bool {
+	return strings.Contains(strings.ToLower(s), strings.ToLower(sub))
+}
+
+// streamContains reports whether r contains sub (ASCII case-insensitive
+// for the stream; non-ASCII octets compare exactly), reading in chunks
+// with an overlap so a match across chunk boundaries is found.
+func streamContains(r io.Reader, sub string) (bool, error) {
+	if sub == "" {
+		return true, nil
+	}
+	needle := bytes.ToLower([]byte(sub))
+	buf := make([]byte, 0, 64<<10+len(needle))
+	chunk := make([]byte, 64<<10)
+	for {
+		n, err := r.Read(chunk)
+		if n > 0 {
+			buf = append(buf, bytes.ToLower(chunk[:n])...)
+			if bytes.Contains(buf, needle) {
+				return true, nil
+			}
+			if keep := len(needle) - 1; len(buf) > keep {
+				buf = append(buf[:0], buf[len(buf)-keep:]...)
+			}
+		}
+		if err == io.EOF {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+	}
+}

@@ -1,0 +1,126 @@
+package mailbox
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"quill/internal/store"
+	"quill/internal/store/embedded"
+)
+
+func imapSetup(t *testing.T, n int) (*Mailboxes, *embedded.Engine, *Hub) {
+	t.Helper()
+	st, err := embedded.Open(t.TempDir(), embedded.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	ctx := context.Background()
+	if err := st.CreateUser(ctx, store.User{Address: "u"}); err != nil {
+		t.Fatal(err)
+	}
+	hub := NewHub()
+	m := NewMailboxes(st, hub)
+	for range n {
+		appendMsg(t, m, "INBOX")
+	}
+	return m, st, hub
+}
+
+func appendMsg(t *testing.T, m *Mailboxes, mbox string) uint32 {
+	t.Helper()
+	ctx := context.Background()
+	u := m.User("u")
+	body, err := u.PutBody(ctx, strings.NewReader("Subject: x\r\n\r\ny\r\n"), 17)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := u.Append(ctx, mbox, []NewMessage{{Body: body, Date: time.Now()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.UIDs[0]
+}
+
+// Two views of one mailbox: an expunge and a flag change by one reach the
+// other through Poll, the expunge held back while the command forbids it
+// (RFC 3501 section 7.4.1), with sequence numbers that stay valid.
+func TestViewPoll(t *testing.T) {
+	m, _, _ := imapSetup(t, 4)
+	ctx := context.Background()
+	a, _, err := m.User("u").Select(ctx, "INBOX", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, info, err := m.User("u").Select(ctx, "inbox", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if info.Exists != 4 || info.Recent != 0 {
+		t.Fatalf("second select: %+v, want 4 messages none recent (the first session claimed them)", info)
+	}
+	if _, err := a.SetFlags(ctx, []uint32{2}, FlagsAdd, []string{`\Seen`}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Expunge(ctx, []uint32{1, 3}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-b.Changed():
+	default:
+		t.Fatal("no change notification")
+	}
+	up, err := b.Poll(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(up.Expunged) != 0 || len(up.Flags) != 1 || up.Flags[0].Seq != 2 || b.Len() != 4 {
+		t.Fatalf("poll without expunge: %+v, len %d", up, b.Len())
+	}
+	if err := b.Messages(ctx, []uint32{1, 2}, func(Message) error { return nil }); err != ErrExpunged {
+		t.Fatalf("Messages of an expunged UID: %v, want ErrExpunged", err)
+	}
+	appendMsg(t, m, "INBOX")
+	up, err = b.Poll(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Descending, so each number is valid when sent: 3 then 1. b polls
+	// first, so the new message is \Recent in b only.
+	if !slices.Equal(up.Expunged, []uint32{3, 1}) || !up.Exists || b.Len() != 3 || up.RecentCount != 1 {
+		t.Fatalf("poll with expunge: %+v, len %d", up, b.Len())
+	}
+	if !slices.Equal(b.UIDs(), []uint32{2, 4, 5}) {
+		t.Fatalf("UIDs %v", b.UIDs())
+	}
+	// a made the flag change itself: it is not reported to it again.
+	up, err = a.Poll(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(up.Flags) != 0 || !slices.Equal(up.Expunged, []uint32{3, 1}) || up.RecentCount != 2 {
+		t.Fatalf("own changes: %+v", up)
+	}
+}
+
+func TestRenameInbox(t *testing.T) {
+	m, st, _ := imapSetup(t, 3)
+	ctx := context.Background()
+	if err := m.User("u").Rename(ctx, "inbox", "Old/Mail"); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]uint32{"INBOX": 0, "Old/Mail": 3} {
+		mb, err := st.GetMailbox(ctx, "u", name)
+		if err != nil || mb.Messages != want {
+			t.Errorf("%s: %d messages, %v; want %d", name, mb.Messages, err, want)
+		}
+	}
+	if _, err := st.GetMailbox(ctx, "u", "Old"); err != nil {
+		t.Errorf("parent of the new name: %v", err)
+	}
+}

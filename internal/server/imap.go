@@ -1,0 +1,66 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"quill/internal/auth"
+	"quill/internal/config"
+	"quill/internal/imap"
+	"quill/internal/mailbox"
+	"quill/internal/textconn"
+)
+
+// imapBackend joins authentication and the IMAP mailbox service into what
+// the IMAP front end needs.
+type imapBackend struct {
+	*auth.Authenticator
+	mailboxes *mailbox.Mailboxes
+}
+
+var _ imap.Backend = imapBackend{}
+
+func (b imapBackend) Mailboxes(ctx context.Context, user string) (imap.Mailboxes, error) {
+	return imapUser{b.mailboxes.User(user)}, nil
+}
+
+// imapUser adapts mailbox.User, whose Select returns the concrete view,
+// to imap.Mailboxes.
+type imapUser struct{ *mailbox.User }
+
+func (u imapUser) Select(ctx context.Context, name string, readOnly bool) (imap.View, mailbox.SelectInfo, error) {
+	v, info, err := u.User.Select(ctx, name, readOnly)
+	if err != nil {
+		return nil, info, err
+	}
+	return v, info, nil
+}
+
+// imapServers builds the IMAP front end for one listener. Every IMAP
+// listener shares the Authenticator, the connection Limiter, the TLS
+// configuration and the mailbox service (whose Hub the delivery Agent
+// notifies, so IDLE wakes on SMTP delivery).
+type imapServers struct {
+	cfg     config.Config
+	log     *slog.Logger
+	reg     prometheus.Registerer
+	tls     *tls.Config
+	limiter *textconn.Limiter
+	backend imapBackend
+}
+
+func (x imapServers) new(name string, implicit bool) *imap.Server {
+	return &imap.Server{
+		Name: name, Hostname: x.cfg.Hostname, TLSConfig: x.tls, ImplicitTLS: implicit,
+		AllowInsecureAuth: x.cfg.Auth.AllowInsecure,
+		Backend:           x.backend,
+		Logger:            x.log, // the IMAP server labels its log with Name
+		Metrics:           textconn.NewMetrics(x.reg, name),
+		Limiter:           x.limiter,
+		AppendLimit:       x.cfg.Limits.MaxMessageBytes,
+		MaxErrors:         x.cfg.Limits.MaxErrors,
+	}
+}
