@@ -28,7 +28,7 @@ var allowed = map[string][]string{
 
 	// Composition root: may import everything below it.
 	"internal/server": {"internal/admin", "internal/auth", "internal/config", "internal/delivery", "internal/imap", "internal/mailbox",
-		"internal/pop3", "internal/smtp", "internal/store", "internal/store/embedded", "internal/textconn"},
+		"internal/pop3", "internal/smtp", "internal/store", "internal/store/cassandra", "internal/store/embedded", "internal/textconn"},
 
 	// Protocol front ends: domain services through their own interfaces,
 	// and the domain packages' types and error values. Never the store.
@@ -45,6 +45,7 @@ var allowed = map[string][]string{
 	// Storage.
 	"internal/store":           {},
 	"internal/store/embedded":  {"internal/store"},
+	"internal/store/cassandra": {"internal/store"},
 	"internal/store/storetest": {"internal/store"},
 
 	// Leaves.

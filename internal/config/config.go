@@ -48,8 +48,8 @@ type Listeners struct {
 	LMTPSocket  string `toml:"lmtp_socket"` // RFC 2033 over a unix socket path ("" = none)
 	POP3        string `toml:"pop3"`        // STLS offered
 	POP3S       string `toml:"pop3s"`       // implicit TLS
-	IMAP        string `toml:"imap"`        // STARTTLS offered
-	IMAPS       string `toml:"imaps"`       // implicit TLS
+	IMAP        string `toml:"imap"`        // reserved: IMAP is not implemented yet
+	IMAPS       string `toml:"imaps"`       // reserved: IMAP is not implemented yet
 	Admin       string `toml:"admin"`       // health, readiness, metrics, user administration
 }
 
@@ -94,8 +94,37 @@ type Delivery struct {
 
 // Store selects and tunes the storage engine.
 type Store struct {
-	Engine     string `toml:"engine"` // "embedded"
-	CacheBytes int64  `toml:"cache_bytes"`
+	Engine     string    `toml:"engine"` // "embedded" or "cassandra"
+	CacheBytes int64     `toml:"cache_bytes"`
+	Cassandra  Cassandra `toml:"cassandra"`
+}
+
+// Cassandra configures engine = "cassandra" (docs/cassandra.md states what
+// an acknowledgement guarantees under each setting).
+type Cassandra struct {
+	Hosts    []string `toml:"hosts"` // contact points, "host" or "host:port"
+	Keyspace string   `toml:"keyspace"`
+	// Replication applies when Quill creates the keyspace; an existing
+	// keyspace keeps its own. Class is SimpleStrategy (with Factor) or
+	// NetworkTopologyStrategy (with Datacenters: name -> factor).
+	ReplicationClass  string         `toml:"replication_class"`
+	ReplicationFactor int            `toml:"replication_factor"`
+	Datacenters       map[string]int `toml:"datacenters"`
+	// Consistency levels by their CQL names (ONE, QUORUM, LOCAL_QUORUM, ALL...).
+	ReadConsistency   string   `toml:"read_consistency"`
+	WriteConsistency  string   `toml:"write_consistency"`
+	SerialConsistency string   `toml:"serial_consistency"` // SERIAL or LOCAL_SERIAL
+	ConnectTimeout    Duration `toml:"connect_timeout"`
+	Timeout           Duration `toml:"timeout"`
+	// TLS to Cassandra: on when TLS is true; CAFile verifies the servers,
+	// CertFile/KeyFile authenticate Quill to them.
+	TLS        bool   `toml:"tls"`
+	CAFile     string `toml:"ca_file"`
+	CertFile   string `toml:"cert_file"`
+	KeyFile    string `toml:"key_file"`
+	ServerName string `toml:"server_name"`
+	Username   string `toml:"username"`
+	Password   string `toml:"password"`
 }
 
 // Log configures logging to standard error.
@@ -138,8 +167,8 @@ func Default() Config {
 			LMTP:        "127.0.0.1:2424",
 			POP3:        ":1110",
 			POP3S:       ":1995",
-			IMAP:        ":1143",
-			IMAPS:       ":1993",
+			IMAP:        Off,
+			IMAPS:       Off,
 			Admin:       "127.0.0.1:8080",
 		},
 		Limits: Limits{
@@ -176,8 +205,17 @@ func Default() Config {
 		Delivery: Delivery{SubaddressSeparator: "+"},
 		// 64 MiB of block cache keeps the hot metadata of a few hundred
 		// thousand mailboxes in memory within a small footprint.
-		Store: Store{Engine: "embedded", CacheBytes: 64 << 20},
-		Log:   Log{Level: "info", Format: "text"},
+		Store: Store{Engine: "embedded", CacheBytes: 64 << 20, Cassandra: Cassandra{
+			Hosts: []string{"127.0.0.1:9042"}, Keyspace: "quill",
+			ReplicationClass: "SimpleStrategy", ReplicationFactor: 3,
+			// LOCAL_QUORUM both ways: reads overlap acknowledged writes
+			// (UID order, no lost mail) and one replica of three may be down.
+			ReadConsistency: "LOCAL_QUORUM", WriteConsistency: "LOCAL_QUORUM", SerialConsistency: "LOCAL_SERIAL",
+			// Above Cassandra's own 5 s request timeouts, so that its
+			// answer, not ours, decides.
+			ConnectTimeout: Duration{10 * time.Second}, Timeout: Duration{12 * time.Second},
+		}},
+		Log: Log{Level: "info", Format: "text"},
 	}
 }
 
@@ -261,8 +299,12 @@ func (c *Config) Validate() error {
 	if c.Auth.MaxFailures < 1 {
 		bad("auth.max_failures must be positive")
 	}
-	if c.Store.Engine != "embedded" {
-		bad("store.engine %q is not known (embedded)", c.Store.Engine)
+	switch c.Store.Engine {
+	case "embedded":
+	case "cassandra":
+		validateCassandra(c.Store.Cassandra, bad)
+	default:
+		bad("store.engine %q is not known (embedded, cassandra)", c.Store.Engine)
 	}
 	if c.Store.CacheBytes < 1<<20 {
 		bad("store.cache_bytes must be at least 1 MiB")
@@ -295,4 +337,50 @@ func checkAddr(addr string) error {
 		return fmt.Errorf("%q has a bad port", addr)
 	}
 	return nil
+}
+
+// validateCassandra checks the [store.cassandra] section.
+func validateCassandra(c Cassandra, bad func(string, ...any)) {
+	if len(c.Hosts) == 0 {
+		bad("store.cassandra.hosts must name at least one contact point")
+	}
+	if c.Keyspace == "" || len(c.Keyspace) > 48 || strings.Trim(c.Keyspace, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" {
+		bad("store.cassandra.keyspace %q must be 1-48 of [a-z0-9_]", c.Keyspace)
+	}
+	switch c.ReplicationClass {
+	case "SimpleStrategy":
+		if c.ReplicationFactor < 1 {
+			bad("store.cassandra.replication_factor must be positive")
+		}
+	case "NetworkTopologyStrategy":
+		if len(c.Datacenters) == 0 {
+			bad("store.cassandra.datacenters must give a factor per datacenter")
+		}
+		for dc, f := range c.Datacenters {
+			if f < 1 {
+				bad("store.cassandra.datacenters.%s must be positive", dc)
+			}
+		}
+	default:
+		bad("store.cassandra.replication_class %q is not SimpleStrategy or NetworkTopologyStrategy", c.ReplicationClass)
+	}
+	for name, v := range map[string]string{"read_consistency": c.ReadConsistency, "write_consistency": c.WriteConsistency} {
+		switch v {
+		case "ONE", "TWO", "THREE", "QUORUM", "ALL", "LOCAL_QUORUM", "EACH_QUORUM", "LOCAL_ONE":
+		default:
+			bad("store.cassandra.%s %q is not a consistency level", name, v)
+		}
+	}
+	if c.SerialConsistency != "SERIAL" && c.SerialConsistency != "LOCAL_SERIAL" {
+		bad("store.cassandra.serial_consistency %q is not SERIAL or LOCAL_SERIAL", c.SerialConsistency)
+	}
+	if c.ConnectTimeout.Duration <= 0 || c.Timeout.Duration <= 0 {
+		bad("store.cassandra.connect_timeout and timeout must be positive")
+	}
+	if (c.CertFile == "") != (c.KeyFile == "") {
+		bad("store.cassandra.cert_file and key_file go together")
+	}
+	if !c.TLS && (c.CAFile != "" || c.CertFile != "") {
+		bad("store.cassandra.ca_file/cert_file need tls = true")
+	}
 }

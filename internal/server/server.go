@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,6 +33,8 @@ import (
 	"quill/internal/mailbox"
 	"quill/internal/pop3"
 	"quill/internal/smtp"
+	"quill/internal/store"
+	"quill/internal/store/cassandra"
 	"quill/internal/store/embedded"
 	"quill/internal/textconn"
 )
@@ -56,7 +59,7 @@ type Server struct {
 	cfg config.Config
 	log *slog.Logger
 
-	store *embedded.Engine
+	store store.Store
 	reg   *prometheus.Registry
 	ready atomic.Bool
 
@@ -95,10 +98,7 @@ func (s *Server) Start() (err error) {
 	s.reg = prometheus.NewRegistry()
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	s.store, err = embedded.Open(filepath.Join(cfg.DataDir, StoreDir), embedded.Options{
-		Logger: s.log.With("component", "store"), Registerer: s.reg, CacheBytes: cfg.Store.CacheBytes,
-	})
-	if err != nil {
+	if s.store, err = s.openStore(); err != nil {
 		return err
 	}
 	tlsConfig, err := loadTLS(cfg.TLS.CertFile, cfg.TLS.KeyFile, filepath.Join(cfg.DataDir, TLSDir), cfg.Hostname)
@@ -341,4 +341,54 @@ func (s *Server) closeAll() {
 	if s.store != nil {
 		s.store.Close()
 	}
+}
+
+// openStore opens the engine cfg.Store.Engine names. It returns a nil
+// interface (never a typed nil) on error, so closeAll can test for nil.
+func (s *Server) openStore() (store.Store, error) {
+	cfg := s.cfg
+	log := s.log.With("component", "store")
+	if cfg.Store.Engine != "cassandra" {
+		e, err := embedded.Open(filepath.Join(cfg.DataDir, StoreDir), embedded.Options{
+			Logger: log, Registerer: s.reg, CacheBytes: cfg.Store.CacheBytes,
+		})
+		if err != nil {
+			return nil, err
+		}
+		return e, nil
+	}
+	c := cfg.Store.Cassandra
+	opts := cassandra.Options{
+		Hosts: c.Hosts, Keyspace: c.Keyspace, Username: c.Username, Password: c.Password,
+		ConnectTimeout: c.ConnectTimeout.Duration, Timeout: c.Timeout.Duration, Logger: log,
+		Replication: map[string]string{"class": c.ReplicationClass},
+	}
+	if c.ReplicationClass == "SimpleStrategy" {
+		opts.Replication["replication_factor"] = strconv.Itoa(c.ReplicationFactor)
+	}
+	for dc, f := range c.Datacenters {
+		opts.Replication[dc] = strconv.Itoa(f)
+	}
+	var err error
+	if opts.ReadConsistency, err = cassandra.ParseConsistency(c.ReadConsistency); err != nil {
+		return nil, err
+	}
+	if opts.WriteConsistency, err = cassandra.ParseConsistency(c.WriteConsistency); err != nil {
+		return nil, err
+	}
+	if opts.SerialConsistency, err = cassandra.ParseConsistency(c.SerialConsistency); err != nil {
+		return nil, err
+	}
+	if c.TLS {
+		if opts.TLS, err = cassandra.TLSConfig(c.CAFile, c.CertFile, c.KeyFile, c.ServerName); err != nil {
+			return nil, err
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	e, err := cassandra.Open(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return e, nil
 }

@@ -1,0 +1,319 @@
+package cassandra
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"quill/internal/store"
+)
+
+// normalizeFlags validates flags (RFC 3501 flag-keyword or system flag;
+// \Recent is session state) and returns them sorted without duplicates.
+func normalizeFlags(flags []string) ([]string, error) {
+	if len(flags) == 0 {
+		return nil, nil
+	}
+	out := make([]string, 0, len(flags))
+	for _, f := range flags {
+		if f == "" || len(f) > 255 || strings.EqualFold(f, `\Recent`) || strings.ContainsAny(f, " (){%*\"]\x00\r\n") {
+			return nil, fmt.Errorf("%w: flag %q", store.ErrInvalid, f)
+		}
+		for i := 0; i < len(f); i++ {
+			if f[i] < 0x21 || f[i] > 0x7e {
+				return nil, fmt.Errorf("%w: flag %q", store.ErrInvalid, f)
+			}
+		}
+		out = append(out, f)
+	}
+	sort.Strings(out)
+	return slices.Compact(out), nil
+}
+
+func joinFlags(f []string) string { return strings.Join(f, " ") }
+
+func splitFlags(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, " ")
+}
+
+func (e *Engine) Append(ctx context.Context, mailbox store.ID, msgs []store.NewMessage, opts store.AppendOptions) ([]store.Message, error) {
+	if len(msgs) == 0 {
+		return nil, fmt.Errorf("%w: nothing to append", store.ErrInvalid)
+	}
+	if uint64(len(msgs)) > 1<<bucketBits {
+		return nil, fmt.Errorf("%w: %d messages in one append", store.ErrInvalid, len(msgs))
+	}
+	prepared := make([]opMsg, len(msgs))
+	var total int64
+	checked := map[store.ID]bool{}
+	for i, nm := range msgs {
+		flags, err := normalizeFlags(nm.Flags)
+		if err != nil {
+			return nil, err
+		}
+		if nm.Size < 0 || nm.Blob.IsZero() {
+			return nil, fmt.Errorf("%w: message without body", store.ErrInvalid)
+		}
+		if !checked[nm.Blob] {
+			if _, _, err := e.blobInfo(ctx, nm.Blob); err != nil {
+				return nil, err
+			}
+			checked[nm.Blob] = true
+		}
+		prepared[i] = opMsg{Flags: flags, Date: nm.InternalDate.UTC().Truncate(time.Millisecond), Size: nm.Size, Blob: nm.Blob, Meta: nm.Meta}
+		total += nm.Size
+	}
+	o, err := e.mutate(ctx, mailbox, func(h head) (*op, error) {
+		if h.uidNext+int64(len(msgs)) > 1<<32-1 {
+			return nil, fmt.Errorf("%w: mailbox %s has run out of UIDs", store.ErrConflict, mailbox)
+		}
+		if opts.CheckQuota {
+			u, err := e.GetUser(ctx, h.User)
+			if err != nil {
+				return nil, err
+			}
+			if u.QuotaBytes > 0 {
+				usage, err := e.Usage(ctx, h.User)
+				if err != nil {
+					return nil, err
+				}
+				if usage.Bytes+total > u.QuotaBytes {
+					return nil, fmt.Errorf("%w: %s", store.ErrOverQuota, h.User)
+				}
+			}
+		}
+		o := &op{Kind: opAppend, Msgs: slices.Clone(prepared)}
+		for i := range o.Msgs {
+			o.Msgs[i].UID = uint32(h.uidNext) + uint32(i)
+		}
+		o.After = counters{UIDNext: h.uidNext + int64(len(msgs)), Messages: h.messages + int64(len(msgs)), Size: h.size + total}
+		return o, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]store.Message, len(o.Msgs))
+	for i, m := range o.Msgs {
+		out[i] = store.Message{UID: m.UID, ModSeq: o.ModSeq, Flags: m.Flags, InternalDate: m.Date, Size: m.Size, Blob: m.Blob, Meta: m.Meta}
+	}
+	return out, nil
+}
+
+const messageColumns = `uid, modseq, flags, internal_date, size, blob, meta`
+
+func scanMessage(scan func(...any) bool) (store.Message, bool) {
+	var m store.Message
+	var uid, modseq int64
+	var flags string
+	var blob []byte
+	if !scan(&uid, &modseq, &flags, &m.InternalDate, &m.Size, &blob, &m.Meta) {
+		return m, false
+	}
+	m.UID, m.ModSeq, m.Flags = uint32(uid), uint64(modseq), splitFlags(flags)
+	copy(m.Blob[:], blob)
+	m.InternalDate = m.InternalDate.UTC()
+	return m, true
+}
+
+// ListMessages reads the UID buckets in order; it hides the messages of an
+// operation still pending (UIDs at or above the visible UIDNEXT).
+func (e *Engine) ListMessages(ctx context.Context, mailbox store.ID, from uint32, limit int) ([]store.Message, error) {
+	h, err := e.readHead(ctx, mailbox, false)
+	if err != nil {
+		return nil, err
+	}
+	if from == 0 {
+		from = 1
+	}
+	end := int64(h.UIDNext) // exclusive
+	var out []store.Message
+	for b := bucketOf(uint64(from)); int64(b)<<bucketBits < end && len(out) < limit; b++ {
+		it := e.read(ctx, `SELECT `+messageColumns+` FROM messages WHERE mailbox = ? AND bucket = ? AND uid >= ? AND uid < ? LIMIT ?`,
+			mailbox[:], b, int64(from), end, limit-len(out)).PageSize(500).Iter()
+		for {
+			m, ok := scanMessage(it.Scan)
+			if !ok {
+				break
+			}
+			out = append(out, m)
+		}
+		if err := it.Close(); err != nil {
+			return nil, wrap("listing messages", err)
+		}
+	}
+	return out, nil
+}
+
+func (e *Engine) GetMessage(ctx context.Context, mailbox store.ID, uid uint32) (store.Message, error) {
+	h, err := e.readHead(ctx, mailbox, false)
+	if err != nil {
+		return store.Message{}, err
+	}
+	if uid == 0 || uid >= h.UIDNext {
+		return store.Message{}, fmt.Errorf("message %d: %w", uid, store.ErrNotFound)
+	}
+	it := e.read(ctx, `SELECT `+messageColumns+` FROM messages WHERE mailbox = ? AND bucket = ? AND uid = ?`,
+		mailbox[:], bucketOf(uint64(uid)), int64(uid)).Iter()
+	m, ok := scanMessage(it.Scan)
+	if err := it.Close(); err != nil {
+		return store.Message{}, wrap("reading message", err)
+	}
+	if !ok {
+		return store.Message{}, fmt.Errorf("message %d: %w", uid, store.ErrNotFound)
+	}
+	return m, nil
+}
+
+// readMessages returns the existing messages among uids, by UID.
+func (e *Engine) readMessages(ctx context.Context, mailbox store.ID, uids []uint32) (map[uint32]store.Message, error) {
+	byBucket := map[int][]int64{}
+	for _, u := range uids {
+		b := bucketOf(uint64(u))
+		byBucket[b] = append(byBucket[b], int64(u))
+	}
+	out := map[uint32]store.Message{}
+	for b, list := range byBucket {
+		for len(list) > 0 {
+			n := min(len(list), 100)
+			it := e.read(ctx, `SELECT `+messageColumns+` FROM messages WHERE mailbox = ? AND bucket = ? AND uid IN ?`,
+				mailbox[:], b, list[:n]).PageSize(500).Iter()
+			for {
+				m, ok := scanMessage(it.Scan)
+				if !ok {
+					break
+				}
+				out[m.UID] = m
+			}
+			if err := it.Close(); err != nil {
+				return nil, wrap("reading messages", err)
+			}
+			list = list[n:]
+		}
+	}
+	return out, nil
+}
+
+func dedupUIDs(uids []uint32) []uint32 {
+	s := slices.Clone(uids)
+	slices.Sort(s)
+	return slices.Compact(s)
+}
+
+func (e *Engine) SetFlags(ctx context.Context, mailbox store.ID, change store.FlagChange) (store.FlagResult, error) {
+	flags, err := normalizeFlags(change.Flags)
+	if err != nil {
+		return store.FlagResult{}, err
+	}
+	uids := dedupUIDs(change.UIDs)
+	var res store.FlagResult
+	o, err := e.mutate(ctx, mailbox, func(h head) (*op, error) {
+		res = store.FlagResult{}
+		cur, err := e.readMessages(ctx, mailbox, uids)
+		if err != nil {
+			return nil, err
+		}
+		o := &op{Kind: opFlags}
+		for _, uid := range uids {
+			m, ok := cur[uid]
+			if !ok || uid >= h.UIDNext {
+				continue
+			}
+			if change.UnchangedSince != 0 && m.ModSeq > change.UnchangedSince {
+				res.Failed = append(res.Failed, uid)
+				continue
+			}
+			var next []string
+			switch change.Op {
+			case store.FlagsReplace:
+				next = flags
+			case store.FlagsAdd:
+				next, _ = normalizeFlags(append(slices.Clone(m.Flags), flags...))
+			case store.FlagsRemove:
+				next = slices.DeleteFunc(slices.Clone(m.Flags), func(f string) bool { return slices.Contains(flags, f) })
+			default:
+				return nil, fmt.Errorf("%w: flag operation %d", store.ErrInvalid, change.Op)
+			}
+			if slices.Equal(next, m.Flags) || (len(next) == 0 && len(m.Flags) == 0) {
+				continue
+			}
+			o.Msgs = append(o.Msgs, opMsg{UID: uid, OldModSeq: m.ModSeq, Flags: next, Date: m.InternalDate, Size: m.Size, Blob: m.Blob})
+		}
+		if len(o.Msgs) == 0 {
+			return nil, nil
+		}
+		o.After = counters{UIDNext: h.uidNext, Messages: h.messages, Size: h.size}
+		return o, nil
+	})
+	if err != nil || o == nil {
+		return res, err
+	}
+	for _, m := range o.Msgs {
+		res.Changed = append(res.Changed, store.Message{UID: m.UID, ModSeq: o.ModSeq, Flags: m.Flags, InternalDate: m.Date, Size: m.Size, Blob: m.Blob})
+	}
+	return res, nil
+}
+
+func (e *Engine) Expunge(ctx context.Context, mailbox store.ID, uids []uint32) ([]uint32, uint64, error) {
+	uids = dedupUIDs(uids)
+	o, err := e.mutate(ctx, mailbox, func(h head) (*op, error) {
+		cur, err := e.readMessages(ctx, mailbox, uids)
+		if err != nil {
+			return nil, err
+		}
+		o := &op{Kind: opExpunge}
+		var size int64
+		for _, uid := range uids {
+			if m, ok := cur[uid]; ok && uid < h.UIDNext {
+				o.Msgs = append(o.Msgs, opMsg{UID: uid, OldModSeq: m.ModSeq, Size: m.Size, Blob: m.Blob})
+				size += m.Size
+			}
+		}
+		if len(o.Msgs) == 0 {
+			return nil, nil
+		}
+		o.After = counters{UIDNext: h.uidNext, Messages: h.messages - int64(len(o.Msgs)), Size: h.size - size}
+		return o, nil
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	if o == nil {
+		h, err := e.readHead(ctx, mailbox, false)
+		return nil, h.HighestModSeq, err
+	}
+	gone := make([]uint32, len(o.Msgs))
+	for i, m := range o.Msgs {
+		gone[i] = m.UID
+	}
+	return gone, o.ModSeq, nil
+}
+
+// Changes reads the MODSEQ buckets in order up to the visible
+// HIGHESTMODSEQ (an operation still pending is hidden).
+func (e *Engine) Changes(ctx context.Context, mailbox store.ID, since uint64, limit int) ([]store.Change, error) {
+	h, err := e.readHead(ctx, mailbox, false)
+	if err != nil {
+		return nil, err
+	}
+	var out []store.Change
+	upper := h.HighestModSeq
+	for b := bucketOf(since + 1); since < upper && uint64(b) <= upper>>bucketBits && len(out) < limit; b++ {
+		it := e.read(ctx, `SELECT modseq, uid, kind FROM changes WHERE mailbox = ? AND bucket = ? AND modseq > ? AND modseq <= ? LIMIT ?`,
+			mailbox[:], b, int64(since), int64(upper), limit-len(out)).PageSize(1000).Iter()
+		var ms, uid int64
+		var kind int8
+		for it.Scan(&ms, &uid, &kind) {
+			out = append(out, store.Change{ModSeq: uint64(ms), UID: uint32(uid), Kind: store.ChangeKind(kind)})
+		}
+		if err := it.Close(); err != nil {
+			return nil, wrap("reading change log", err)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,188 @@
+package cassandra
+
+import (
+	"context"
+	"crypto/sha1"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	gocql "github.com/apache/cassandra-gocql-driver/v2"
+)
+
+// bucketBits sizes the message and change log partitions: UIDs (and
+// MODSEQs) u and v share a partition iff u>>bucketBits == v>>bucketBits, so
+// a partition holds at most 16384 messages (a few MiB of metadata) and a
+// 1,000,000-message mailbox spans 62 partitions.
+const bucketBits = 14
+
+// chunkSize is the size of a blob chunk; each chunk is its own partition,
+// so the bytes of one body spread over the ring.
+const chunkSize = 256 << 10
+
+// indexShards is how many partitions the user and alias directories spread
+// over; listings merge them in address order.
+const indexShards = 16
+
+// migrations are applied in order at Open. Every statement is idempotent
+// (IF NOT EXISTS) and every table is created WITH ID derived from its
+// keyspace and name, so that processes that migrate at the same moment
+// create identical schema instead of conflicting table IDs (a concurrent
+// CREATE TABLE with random IDs can leave the cluster in schema disagreement
+// before Cassandra's transactional metadata). The version row is written
+// after the schema agrees; a migration must therefore be safe to re-run.
+var migrations = [][]string{
+	1: {
+		// addresses holds users and aliases in one namespace so that one
+		// LWT (IF NOT EXISTS) claims an address for either.
+		`CREATE TABLE IF NOT EXISTS addresses (
+			address text PRIMARY KEY,
+			target text,           -- alias: the user it delivers to; user: null
+			password_hash text,
+			quota bigint,
+			status tinyint,
+			created timestamp)`,
+		// directory lists users (kind 'u') and aliases (kind 'a') in address
+		// order, spread over indexShards partitions.
+		`CREATE TABLE IF NOT EXISTS directory (
+			kind text, shard int, address text, target text,
+			PRIMARY KEY ((kind, shard), address))`,
+		// uidvalidity survives the deletion of its user: a re-created
+		// user's mailboxes never repeat a UIDVALIDITY (RFC 3501 2.3.1.1).
+		`CREATE TABLE IF NOT EXISTS uidvalidity (
+			address text PRIMARY KEY, last bigint)`,
+		`CREATE TABLE IF NOT EXISTS mailbox_names (
+			address text, name text, id blob,
+			PRIMARY KEY (address, name))`,
+		// mailboxes is the mailbox head; mutations are serialized by LWTs
+		// on it (see the package comment). pending is the JSON operation
+		// in progress; recent the IDs of the last operations begun.
+		`CREATE TABLE IF NOT EXISTS mailboxes (
+			id blob PRIMARY KEY,
+			address text, name text, special_use text, subscribed boolean,
+			uidvalidity bigint, uidnext bigint, modseq bigint,
+			messages bigint, size bigint,
+			pending blob, recent frozen<list<blob>>)`,
+		`CREATE TABLE IF NOT EXISTS messages (
+			mailbox blob, bucket int, uid bigint,
+			modseq bigint, flags text, internal_date timestamp, size bigint,
+			blob blob, meta blob,
+			PRIMARY KEY ((mailbox, bucket), uid))`,
+		// changes keeps the latest change of each UID, by MODSEQ bucket.
+		`CREATE TABLE IF NOT EXISTS changes (
+			mailbox blob, bucket int, modseq bigint, uid bigint, kind tinyint,
+			PRIMARY KEY ((mailbox, bucket), modseq, uid))`,
+		`CREATE TABLE IF NOT EXISTS blobs (
+			id blob PRIMARY KEY, size bigint, chunks int, created timestamp)`,
+		`CREATE TABLE IF NOT EXISTS blob_chunks (
+			id blob, chunk int, data blob,
+			PRIMARY KEY ((id, chunk)))`,
+		// blob_refs: one row per message holding a blob; a blob goes when
+		// its last row does. Rows, not counters, so retries never double
+		// count.
+		`CREATE TABLE IF NOT EXISTS blob_refs (
+			id blob, mailbox blob, uid bigint,
+			PRIMARY KEY (id, mailbox, uid))`,
+		// pending_blobs marks blobs stored but not yet referenced.
+		`CREATE TABLE IF NOT EXISTS pending_blobs (
+			shard int, id blob, created timestamp,
+			PRIMARY KEY (shard, id))`,
+	},
+}
+
+func createKeyspace(ctx context.Context, s *gocql.Session, keyspace string, repl map[string]string) error {
+	keys := make([]string, 0, len(repl))
+	for k := range repl {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("'%s': '%s'", cqlEscape(k), cqlEscape(repl[k])))
+	}
+	stmt := fmt.Sprintf("CREATE KEYSPACE IF NOT EXISTS %s WITH replication = {%s}", keyspace, strings.Join(parts, ", "))
+	if err := s.Query(stmt).WithContext(ctx).Exec(); err != nil {
+		return wrap("creating keyspace "+keyspace, err)
+	}
+	return wrap("schema agreement", s.AwaitSchemaAgreement(ctx))
+}
+
+func cqlEscape(s string) string { return strings.ReplaceAll(s, "'", "''") }
+
+// tableID is the deterministic table ID of keyspace.table (a name-based
+// UUID, version 5 layout).
+func tableID(keyspace, table string) string {
+	h := sha1.Sum([]byte("quill/" + keyspace + "." + table))
+	h[6] = h[6]&0x0f | 0x50
+	h[8] = h[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", h[0:4], h[4:6], h[6:8], h[8:10], h[10:16])
+}
+
+// migrate brings the keyspace to the newest schema version.
+func (e *Engine) migrate(ctx context.Context) error {
+	ks := e.opts.Keyspace
+	stmt := fmt.Sprintf(`CREATE TABLE IF NOT EXISTS schema_version (k int PRIMARY KEY, version int, applied timestamp) WITH ID = %s`,
+		tableID(ks, "schema_version"))
+	if err := e.s.Query(stmt).WithContext(ctx).Exec(); err != nil {
+		return wrap("creating schema_version", err)
+	}
+	if err := e.s.AwaitSchemaAgreement(ctx); err != nil {
+		return wrap("schema agreement", err)
+	}
+	for {
+		var cur int
+		err := e.serialRead(ctx, `SELECT version FROM schema_version WHERE k = 0`).Scan(&cur)
+		for try := 0; err != nil && err != gocql.ErrNotFound && try < 30; try++ {
+			// Another process's DDL may not have reached every replica yet
+			// ("Unknown CF") even after the versions agreed: wait, retry.
+			e.log.Info("schema not settled yet; retrying", "err", err)
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(500 * time.Millisecond):
+			}
+			_ = e.s.AwaitSchemaAgreement(ctx)
+			err = e.serialRead(ctx, `SELECT version FROM schema_version WHERE k = 0`).Scan(&cur)
+		}
+		if err != nil && err != gocql.ErrNotFound {
+			return wrap("reading schema version", err)
+		}
+		if cur >= len(migrations)-1 {
+			if cur > len(migrations)-1 {
+				return fmt.Errorf("cassandra: keyspace %s has schema version %d, newer than this binary's %d", ks, cur, len(migrations)-1)
+			}
+			return nil
+		}
+		next := cur + 1
+		for _, ddl := range migrations[next] {
+			ddl = withTableID(ks, ddl)
+			if err := e.s.Query(ddl).WithContext(ctx).Exec(); err != nil {
+				return wrap(fmt.Sprintf("migration %d", next), err)
+			}
+		}
+		if err := e.s.AwaitSchemaAgreement(ctx); err != nil {
+			return wrap("schema agreement", err)
+		}
+		var q *gocql.Query
+		if cur == 0 {
+			q = e.cas(ctx, `INSERT INTO schema_version (k, version, applied) VALUES (0, ?, ?) IF NOT EXISTS`, next, time.Now())
+		} else {
+			q = e.cas(ctx, `UPDATE schema_version SET version = ?, applied = ? WHERE k = 0 IF version = ?`, next, time.Now(), cur)
+		}
+		if _, err := q.MapScanCAS(map[string]any{}); err != nil {
+			return wrap("recording schema version", err)
+		}
+		e.log.Info("cassandra schema migrated", "keyspace", ks, "version", next)
+	}
+}
+
+// withTableID appends WITH ID = ... to a CREATE TABLE statement.
+func withTableID(keyspace, ddl string) string {
+	const prefix = "CREATE TABLE IF NOT EXISTS "
+	if !strings.HasPrefix(ddl, prefix) {
+		return ddl
+	}
+	name, _, _ := strings.Cut(ddl[len(prefix):], " ")
+	return ddl + " WITH ID = " + tableID(keyspace, strings.TrimSpace(name))
+}
