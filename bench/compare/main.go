@@ -22,12 +22,15 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -53,6 +56,7 @@ type options struct {
 	skipInstall, keep                      bool
 	only                                   string
 	kdf                                    string
+	cpuprofile                             string
 }
 
 func main() {
@@ -72,6 +76,7 @@ func main() {
 	flag.BoolVar(&o.skipInstall, "skip-install", false, "do not apt-get install missing packages")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (logs, data)")
 	flag.StringVar(&o.only, "only", "", "run only this target: quill, peer or sink")
+	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of quill's first run to this file (taken through its admin endpoint)")
 	flag.StringVar(&o.kdf, "kdf", "default", "argon2id cost of the users' password hash, the same on both servers: "+
 		"default (Quill's production parameters) or light (64 KiB, 1 pass: isolates the mail path from login cost)")
 	flag.Parse()
@@ -172,7 +177,7 @@ func run(ctx context.Context, o options) (err error) {
 		"--data", qdata, "--domain", domain, "--hostname", "quill.bench.invalid", "--print-listeners",
 		"--smtp-addr", "127.0.0.1:0", "--pop3-addr", "127.0.0.1:0",
 		"--submission-addr", "off", "--submissions-addr", "off", "--lmtp-addr", "off", "--pop3s-addr", "off",
-		"--imap-addr", "off", "--imaps-addr", "off", "--admin-addr", "off")
+		"--imap-addr", "off", "--imaps-addr", "off", "--admin-addr", adminAddr(o))
 	if err != nil {
 		return err
 	}
@@ -250,7 +255,17 @@ func run(ctx context.Context, o options) (err error) {
 				return err
 			}
 			fmt.Fprintf(os.Stderr, "compare: round %d: %s ...\n", round+1, t.name)
+			var profiled chan error
+			if t.name == "quill" && round == 0 && o.cpuprofile != "" {
+				profiled = make(chan error, 1)
+				go func() { profiled <- cpuProfile(ctx, qaddrs["admin"], qdata, o.duration, o.cpuprofile) }()
+			}
 			sum, err := loadgen.RunMix(ctx, cfg)
+			if profiled != nil {
+				if perr := <-profiled; perr != nil {
+					fmt.Fprintf(os.Stderr, "compare: cpu profile: %v\n", perr)
+				}
+			}
 			if err != nil {
 				return fmt.Errorf("%s round %d: %w", t.name, round+1, err)
 			}
@@ -347,4 +362,44 @@ func machine() string {
 	}
 	kernel, _ := exec.Command("uname", "-r").Output()
 	return fmt.Sprintf("%d CPUs (%s), Linux %s, %s", runtime.NumCPU(), model, trimNL(string(kernel)), runtime.Version())
+}
+
+// adminAddr enables quill's admin listener only when a profile is wanted.
+func adminAddr(o options) string {
+	if o.cpuprofile != "" {
+		return "127.0.0.1:0"
+	}
+	return "off"
+}
+
+// cpuProfile fetches a CPU profile covering d from quill's admin endpoint
+// (/debug/pprof/profile, behind the data directory's admin token).
+func cpuProfile(ctx context.Context, admin, data string, d time.Duration, out string) error {
+	token, err := os.ReadFile(filepath.Join(data, server.AdminTokenFile))
+	if err != nil {
+		return err
+	}
+	secs := max(1, int(d/time.Second))
+	req, err := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", admin, secs), nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(token)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("profile: %s", resp.Status)
+	}
+	f, err := os.Create(out)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

@@ -86,7 +86,8 @@ func (e *Engine) PutBlob(ctx context.Context, r io.Reader, maxSize int64) (store
 	return id, size, nil
 }
 
-// deleteBlob removes a blob that no message references.
+// deleteBlob removes a blob that no message references. It is rare (a
+// failed PutBlob), so one range tombstone is fine here; see addBlobRef.
 func (e *Engine) deleteBlob(id store.ID) error {
 	b := e.db.NewBatch()
 	defer b.Close()

@@ -168,8 +168,13 @@ func (t *txn) addBlobRef(id store.ID, delta int64) error {
 	}
 	r.Refs += delta
 	if r.Refs <= 0 {
+		// Point deletes, not a range tombstone: expunges are frequent, and
+		// every range tombstone in the memtable makes every read fragment
+		// them (a third of the CPU under the POP3 mix before this).
 		t.del(blobKey(id))
-		t.deletePrefix(chunkPrefix(id))
+		for n := uint32(0); n < r.Chunks; n++ {
+			t.del(chunkKey(id, n))
+		}
 		return nil
 	}
 	t.set(blobKey(id), encodeBlob(r))
