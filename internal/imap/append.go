@@ -55,6 +55,8 @@ func (s *session) cmdAppend(ctx context.Context, d *decoder, c *command) (string
 				return "", err
 			}
 		}
+		// RFC 9051 section 6.3.12: a literal8 (BINARY) is accepted too.
+		d.accept('~')
 		r, n, err := d.literalReader(s.cfg.appendLimit, true)
 		if err != nil {
 			return "", err

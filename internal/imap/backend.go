@@ -26,9 +26,9 @@ type Backend interface {
 // is a temporary failure.
 type Mailboxes interface {
 	List(ctx context.Context) ([]mailbox.Info, error)
-	// Status returns a mailbox's counters and, if unseen, the number of
-	// messages without \Seen.
-	Status(ctx context.Context, name string, unseen bool) (mailbox.Info, uint32, error)
+	// Status returns a mailbox's counters and, if count, its flag counts
+	// (which reads every message's flags).
+	Status(ctx context.Context, name string, count bool) (mailbox.Info, mailbox.Counts, error)
 	Create(ctx context.Context, name, specialUse string) error
 	Delete(ctx context.Context, name string) error
 	Rename(ctx context.Context, from, to string) error
@@ -48,6 +48,7 @@ type View interface {
 	UIDValidity() uint32
 	Len() uint32
 	UID(seq uint32) uint32
+	Seq(uid uint32) uint32
 	UIDs() []uint32
 	MaxUID() uint32
 	Recent(uid uint32) bool
@@ -56,6 +57,9 @@ type View interface {
 	Messages(ctx context.Context, uids []uint32, fn func(mailbox.Message) error) error
 	Open(ctx context.Context, m mailbox.Message) (mailbox.BodyReader, error)
 	SetFlags(ctx context.Context, uids []uint32, op mailbox.FlagOp, flags []string) ([]mailbox.Message, error)
+	SetFlagsIf(ctx context.Context, uids []uint32, op mailbox.FlagOp, flags []string, unchangedSince uint64) ([]mailbox.Message, []uint32, error)
+	HighestModSeq() uint64
+	ChangesSince(ctx context.Context, modseq uint64) (vanished, changed []uint32, err error)
 	Expunge(ctx context.Context, uids []uint32) error
 	Copy(ctx context.Context, uids []uint32, dest string) (mailbox.CopyResult, error)
 	Close()

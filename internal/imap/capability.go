@@ -11,8 +11,8 @@ import (
 // list and what remains.
 func (s *session) capabilities() string {
 	var b strings.Builder
-	b.WriteString("IMAP4rev1 LITERAL+ SASL-IR ID ENABLE IDLE NAMESPACE UNSELECT UIDPLUS MOVE CHILDREN" +
-		" SPECIAL-USE CREATE-SPECIAL-USE MULTIAPPEND STATUS=SIZE ESEARCH SEARCHRES APPENDLIMIT=")
+	b.WriteString("IMAP4rev1 IMAP4rev2 LITERAL+ SASL-IR ID ENABLE IDLE NAMESPACE UNSELECT UIDPLUS MOVE CHILDREN" +
+		" SPECIAL-USE CREATE-SPECIAL-USE MULTIAPPEND STATUS=SIZE ESEARCH SEARCHRES CONDSTORE QRESYNC LIST-EXTENDED LIST-STATUS BINARY APPENDLIMIT=")
 	b.WriteString(strconv.FormatInt(s.cfg.appendLimit, 10))
 	if s.state == stateNotAuthenticated {
 		if s.cfg.tls != nil && s.conn.TLS() == nil {
@@ -89,23 +89,40 @@ func (s *session) cmdID(ctx context.Context, d *decoder, c *command) (string, er
 	return "ID completed", nil
 }
 
-// cmdEnable: RFC 5161. No extension that needs enabling is implemented
-// yet, so nothing is enabled, which the RFC allows.
+// cmdEnable: RFC 5161 (and RFC 9051 section 6.3.1). IMAP4rev2, CONDSTORE
+// and QRESYNC (which implies CONDSTORE, RFC 7162 section 3.2.3) can be
+// enabled; other names are ignored. ENABLED lists only what this command
+// newly enabled.
 func (s *session) cmdEnable(ctx context.Context, d *decoder, c *command) (string, error) {
-	n := 0
+	var names []string
 	for !d.eol() {
 		if err := d.sp(); err != nil {
 			return "", err
 		}
-		if _, err := d.atom(""); err != nil {
+		a, err := d.atom("")
+		if err != nil {
 			return "", err
 		}
-		n++
+		names = append(names, strings.ToUpper(a))
 	}
-	if n == 0 {
+	if len(names) == 0 {
 		return "", syntaxErr("ENABLE needs a capability")
 	}
-	s.enc.raw("* ENABLED").crlf()
+	e := s.enc.raw("* ENABLED")
+	for _, n := range names {
+		switch {
+		case n == "IMAP4REV2" && !s.rev2:
+			s.rev2 = true
+			e.raw(" IMAP4rev2")
+		case n == "CONDSTORE" && !s.condstore:
+			s.condstore = true
+			e.raw(" CONDSTORE")
+		case n == "QRESYNC" && !s.qresync:
+			s.qresync, s.condstore = true, true
+			e.raw(" QRESYNC")
+		}
+	}
+	e.crlf()
 	return "ENABLE completed", nil
 }
 

@@ -89,6 +89,68 @@ func decodeCommand(src source, maxLiteral int64) (string, error) {
 			if err != nil {
 				return err
 			}
+		case "LIST":
+			var opt listOptions
+			if err := d.sp(); err != nil {
+				return err
+			}
+			if d.peek() == '(' {
+				if err := parseListSelect(d, &opt); err != nil {
+					return err
+				}
+				if err := d.sp(); err != nil {
+					return err
+				}
+			}
+			if _, err := d.mailbox(); err != nil {
+				return err
+			}
+			if err := d.sp(); err != nil {
+				return err
+			}
+			if _, err := d.listMailbox(); err != nil {
+				return err
+			}
+			if d.accept(' ') {
+				if err := parseListReturn(d, &opt); err != nil {
+					return err
+				}
+			}
+		case "SELECT":
+			if err := d.sp(); err != nil {
+				return err
+			}
+			if _, err := d.mailbox(); err != nil {
+				return err
+			}
+			if d.accept(' ') {
+				if err := d.expect('('); err != nil {
+					return err
+				}
+				if _, err := d.atom(""); err != nil {
+					return err
+				}
+				var qr qresyncParams
+				if err := parseQresync(d, &qr); err != nil {
+					return err
+				}
+				if err := d.expect(')'); err != nil {
+					return err
+				}
+			}
+		case "STATUS":
+			if err := d.sp(); err != nil {
+				return err
+			}
+			if _, err := d.mailbox(); err != nil {
+				return err
+			}
+			if err := d.sp(); err != nil {
+				return err
+			}
+			if _, err := parseStatusItems(d); err != nil {
+				return err
+			}
 		case "SEARCH":
 			if err := d.sp(); err != nil {
 				return err
@@ -215,6 +277,11 @@ func FuzzDecodeCommand(f *testing.F) {
 		"a8 LIST \"\" %/*\r\n",
 		"a9 X {99999999999999999999}\r\n",
 		"b ((((((((((((((((((((\r\n",
+		"c1 LIST (SUBSCRIBED RECURSIVEMATCH) \"\" \"*\" RETURN (SUBSCRIBED STATUS (MESSAGES HIGHESTMODSEQ))\r\n",
+		"c2 SELECT INBOX (QRESYNC (67890007 20050715194045000 41,43:211,214:541 (1:3 5:7)))\r\n",
+		"c3 UID FETCH 1:* (FLAGS BINARY.PEEK[1.2]<0.10> BINARY.SIZE[2] MODSEQ)\r\n",
+		"c4 SEARCH MODSEQ \"/flags/\\\\draft\" all 620162338\r\n",
+		"c5 STATUS INBOX (MESSAGES DELETED SIZE)\r\n",
 		"\r\n",
 	} {
 		f.Add([]byte(seed))

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -16,7 +17,7 @@ import (
 
 // fetchItem is one fetch-att (RFC 9051 section 9).
 type fetchItem struct {
-	name string // FLAGS, UID, INTERNALDATE, RFC822.SIZE, ENVELOPE, BODYSTRUCTURE, BODY, RFC822, RFC822.HEADER, RFC822.TEXT, or BODY[] for sections
+	name string // FLAGS, UID, INTERNALDATE, RFC822.SIZE, ENVELOPE, BODYSTRUCTURE, BODY, RFC822, RFC822.HEADER, RFC822.TEXT, MODSEQ, or BODY[] for sections
 	sec  section
 	peek bool
 	// partial: <offset.count> when count > 0 (RFC 9051 section 6.4.5).
@@ -97,8 +98,36 @@ func parseFetchAtt(d *decoder) (fetchItem, error) {
 	d.line = d.line[i:]
 	it := fetchItem{name: name}
 	switch name {
-	case "FLAGS", "UID", "INTERNALDATE", "RFC822.SIZE", "ENVELOPE", "BODYSTRUCTURE", "RFC822", "RFC822.HEADER", "RFC822.TEXT":
+	case "FLAGS", "UID", "INTERNALDATE", "RFC822.SIZE", "ENVELOPE", "BODYSTRUCTURE", "RFC822", "RFC822.HEADER", "RFC822.TEXT", "MODSEQ":
 		return it, nil
+	case "BINARY", "BINARY.PEEK", "BINARY.SIZE":
+		// section-binary: part numbers only (RFC 9051 section 9).
+		if err := d.expect('['); err != nil {
+			return it, err
+		}
+		var err error
+		for d.peek() >= '1' && d.peek() <= '9' {
+			var n uint32
+			if n, err = d.number(); err != nil {
+				return it, err
+			}
+			if len(it.sec.path) >= 32 {
+				return it, &protoError{code: "LIMIT", text: "section nested too deeply"}
+			}
+			it.sec.path = append(it.sec.path, int(n))
+			if !d.accept('.') {
+				break
+			}
+		}
+		if err := d.expect(']'); err != nil {
+			return it, err
+		}
+		it.name, it.peek = "BINARY[]", name == "BINARY.PEEK"
+		if name == "BINARY.SIZE" {
+			it.name = "BINARY.SIZE[]"
+			return it, nil
+		}
+		return it, parsePartial(d, &it)
 	case "BODY", "BODY.PEEK":
 		if d.peek() != '[' {
 			if name == "BODY.PEEK" {
@@ -119,25 +148,31 @@ func parseFetchAtt(d *decoder) (fetchItem, error) {
 	if err := d.expect(']'); err != nil {
 		return it, err
 	}
+	return it, parsePartial(d, &it)
+}
+
+// parsePartial reads an optional "<" offset "." count ">".
+func parsePartial(d *decoder, it *fetchItem) error {
+	var err error
 	if d.accept('<') {
 		if it.offset, err = d.number(); err != nil {
-			return it, err
+			return err
 		}
 		if err := d.expect('.'); err != nil {
-			return it, err
+			return err
 		}
 		if it.count, err = d.number(); err != nil {
-			return it, err
+			return err
 		}
 		if it.count == 0 {
-			return it, syntaxErr("partial count must be positive")
+			return syntaxErr("partial count must be positive")
 		}
 		if err := d.expect('>'); err != nil {
-			return it, err
+			return err
 		}
 		it.partial = true
 	}
-	return it, nil
+	return nil
 }
 
 // parseSection reads a section-spec up to (not including) ']'.
@@ -212,15 +247,70 @@ func (s *session) cmdFetch(ctx context.Context, d *decoder, c *command) (string,
 	if err != nil {
 		return "", err
 	}
+	// fetch-modifier (RFC 7162 sections 3.1.4.1 and 3.2.6).
+	var changedSince uint64
+	hasChangedSince, vanished := false, false
+	if d.accept(' ') {
+		err := d.list(func() error {
+			a, err := d.atom("")
+			if err != nil {
+				return err
+			}
+			switch strings.ToUpper(a) {
+			case "CHANGEDSINCE":
+				if err := d.sp(); err != nil {
+					return err
+				}
+				changedSince, err = d.modSeq(true)
+				hasChangedSince = true
+				return err
+			case "VANISHED":
+				vanished = true
+				return nil
+			}
+			return syntaxErr("unknown FETCH modifier")
+		})
+		if err != nil {
+			return "", err
+		}
+	}
 	if err := d.end(); err != nil {
 		return "", err
+	}
+	if vanished && (!c.uid || !s.qresync || !hasChangedSince) {
+		return "", syntaxErr("VANISHED needs UID FETCH, CHANGEDSINCE and QRESYNC enabled")
 	}
 	uids, err := s.resolve(set, c.uid)
 	if err != nil {
 		return "", err
 	}
-	if c.uid {
+	if c.uid && !slices.ContainsFunc(items, func(it fetchItem) bool { return it.name == "UID" }) {
+		// RFC 9051 section 6.4.9: UID FETCH always returns UID, once.
 		items = append([]fetchItem{{name: "UID"}}, items...)
+	}
+	for _, it := range items {
+		if it.name == "MODSEQ" {
+			s.enableCondstore()
+		}
+	}
+	if hasChangedSince {
+		s.enableCondstore()
+		items = append(items, fetchItem{name: "MODSEQ"})
+		if vanished {
+			var err error
+			if set.Saved {
+				err = s.resync(ctx, changedSince, &SeqSet{Ranges: rangesOf(s.saved)}, s.view.MaxUID(), []uint32{})
+			} else {
+				err = s.resync(ctx, changedSince, &set, s.view.MaxUID(), []uint32{})
+			}
+			if err != nil {
+				return "", err
+			}
+		}
+		uids, err = s.changedSince(ctx, uids, changedSince)
+		if err != nil {
+			return "", err
+		}
 	}
 	setSeen := false
 	var need needs
@@ -228,12 +318,12 @@ func (s *session) cmdFetch(ctx context.Context, d *decoder, c *command) (string,
 		switch it.name {
 		case "ENVELOPE", "BODYSTRUCTURE", "BODY":
 			need.summary = true
-		case "BODY[]":
+		case "BODY[]", "BINARY[]", "BINARY.SIZE[]":
 			if len(it.sec.path) > 0 {
 				need.summary = true
 			}
 			need.body = true
-			setSeen = setSeen || !it.peek
+			setSeen = setSeen || (!it.peek && it.name != "BINARY.SIZE[]")
 		case "RFC822", "RFC822.TEXT":
 			need.body, setSeen = true, true
 		case "RFC822.HEADER":
@@ -261,6 +351,22 @@ func (s *session) cmdFetch(ctx context.Context, d *decoder, c *command) (string,
 		return "", err
 	}
 	return c.name + " completed", nil
+}
+
+// changedSince returns the uids whose MODSEQ is above modseq (RFC 7162
+// section 3.1.4.1).
+func (s *session) changedSince(ctx context.Context, uids []uint32, modseq uint64) ([]uint32, error) {
+	var out []uint32
+	err := s.view.Messages(ctx, uids, func(m mailbox.Message) error {
+		if m.ModSeq > modseq {
+			out = append(out, m.UID)
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, mailbox.ErrExpunged) {
+		return nil, err
+	}
+	return out, nil
 }
 
 // resolve turns a sequence set into the UIDs it names in the view.
@@ -349,6 +455,13 @@ func (s *session) fetchOne(ctx context.Context, m mailbox.Message, items []fetch
 			return err
 		}
 	}
+	for _, it := range items {
+		if it.name == "BINARY[]" || it.name == "BINARY.SIZE[]" {
+			if _, enc, ok := binarySource(sum, it.sec, m.Size); ok && !knownCTE(enc) {
+				return &protoError{no: true, code: "UNKNOWN-CTE", text: "unknown Content-Transfer-Encoding"}
+			}
+		}
+	}
 	e := &s.enc
 	e.raw("* ").num(m.Seq).raw(" FETCH (")
 	first := true
@@ -358,10 +471,13 @@ func (s *session) fetchOne(ctx context.Context, m mailbox.Message, items []fetch
 		}
 		first = false
 	}
-	hasFlags := false
+	hasFlags, hasModSeq := false, false
 	for _, it := range items {
-		if it.name == "FLAGS" {
+		switch it.name {
+		case "FLAGS":
 			hasFlags = true
+		case "MODSEQ":
+			hasModSeq = true
 		}
 	}
 	for _, it := range items {
@@ -370,11 +486,13 @@ func (s *session) fetchOne(ctx context.Context, m mailbox.Message, items []fetch
 		case "UID":
 			e.raw("UID ").num(m.UID)
 		case "FLAGS":
-			e.raw("FLAGS ").flags(m.Flags, s.view.Recent(m.UID))
+			e.raw("FLAGS ").flags(m.Flags, s.recent(m.UID))
 		case "INTERNALDATE":
 			e.raw("INTERNALDATE ").dateTime(m.InternalDate)
 		case "RFC822.SIZE":
 			e.raw("RFC822.SIZE ").num64(uint64(m.Size))
+		case "MODSEQ":
+			e.raw("MODSEQ (").num64(m.ModSeq).raw(")")
 		case "ENVELOPE":
 			s.buf = sum.AppendEnvelope(append(s.buf[:0], "ENVELOPE "...))
 			e.bytes(s.buf)
@@ -397,6 +515,11 @@ func (s *session) fetchOne(ctx context.Context, m mailbox.Message, items []fetch
 		case "RFC822.TEXT":
 			e.raw("RFC822.TEXT ")
 			if err := s.literalFrom(body, hdrLen, m.Size-hdrLen); err != nil {
+				return errAbort
+			}
+		case "BINARY[]", "BINARY.SIZE[]":
+			if err := s.writeBinary(m, body, sum, it); err != nil {
+				s.log.Warn("imap: reading message body", "user", s.user, "err", err)
 				return errAbort
 			}
 		case "BODY[]":
@@ -451,7 +574,10 @@ func (s *session) fetchOne(ctx context.Context, m mailbox.Message, items []fetch
 	}
 	if addFlags && !hasFlags {
 		sep()
-		e.raw("FLAGS ").flags(m.Flags, s.view.Recent(m.UID))
+		e.raw("FLAGS ").flags(m.Flags, s.recent(m.UID))
+		if s.condstore && !hasModSeq {
+			e.raw(" MODSEQ (").num64(m.ModSeq).raw(")")
+		}
 	}
 	e.raw(")").crlf()
 	return nil

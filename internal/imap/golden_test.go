@@ -36,7 +36,8 @@ var update = flag.Bool("update", false, "rewrite the S: lines of testdata/*.txt 
 //	!shutdown             Shutdown the server (sessions get BYE)
 //
 // UIDVALIDITY values derive from the clock, so numbers within a day of now
-// read as "UV" in the output.
+// read as "UV" in the output; in C: lines, the word UV stands for the last
+// UIDVALIDITY the server sent.
 func TestGolden(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.txt")
 	if err != nil {
@@ -68,6 +69,8 @@ func TestGolden(t *testing.T) {
 var (
 	lineRE = regexp.MustCompile(`^([CS])([0-9]?): ?(.*)$`)
 	numRE  = regexp.MustCompile(`\b1[0-9]{9}\b`)
+	uvRE   = regexp.MustCompile(`UIDVALIDITY ([0-9]+)`)
+	uvWord = regexp.MustCompile(`\bUV\b`)
 )
 
 // maskUV replaces clock-derived UIDVALIDITY values with "UV".
@@ -98,8 +101,12 @@ func runTranscript(t *testing.T, script string) string {
 		}
 		return c
 	}
+	lastUV := ""
 	emit := func(n string, lines ...string) {
 		for _, l := range lines {
+			if m := uvRE.FindStringSubmatch(l); m != nil {
+				lastUV = m[1]
+			}
 			fmt.Fprintf(&out, "S%s: %s\n", n, maskUV(l))
 		}
 	}
@@ -120,7 +127,7 @@ func runTranscript(t *testing.T, script string) string {
 			}
 			out.WriteString(line)
 			start()
-			emit(m[2], session(m[2]).command(m[3])...)
+			emit(m[2], session(m[2]).command(uvWord.ReplaceAllString(m[3], lastUV))...)
 			continue
 		}
 		out.WriteString(line)

@@ -30,6 +30,9 @@ const maxSearchKeys = 1000
 type searchParser struct {
 	d     *decoder
 	count int
+	// modseq records a MODSEQ key (RFC 7162 section 3.1.5), whose
+	// results carry the highest MODSEQ of the messages found.
+	modseq bool
 }
 
 // keys reads search keys separated by SP until the end of the command or
@@ -142,6 +145,35 @@ func (p *searchParser) key() (searchKey, error) {
 		}
 		set, err := d.seqSet()
 		return searchKey{op: "UID", set: set}, err
+	case "MODSEQ":
+		// MODSEQ [entry-name SP entry-type-req] SP mod-sequence-valzer;
+		// MODSEQs are per message here, so the entry only parses.
+		if err := d.sp(); err != nil {
+			return searchKey{}, err
+		}
+		if d.peek() == '"' {
+			if _, err := d.quoted(); err != nil {
+				return searchKey{}, err
+			}
+			if err := d.sp(); err != nil {
+				return searchKey{}, err
+			}
+			t, err := d.atom("")
+			if err != nil {
+				return searchKey{}, err
+			}
+			switch strings.ToLower(t) {
+			case "priv", "shared", "all":
+			default:
+				return searchKey{}, syntaxErr("bad entry type")
+			}
+			if err := d.sp(); err != nil {
+				return searchKey{}, err
+			}
+		}
+		n, err := d.modSeq(true)
+		p.modseq = true
+		return searchKey{op: "MODSEQ", n: int64(n)}, err
 	case "NOT":
 		if err := d.sp(); err != nil {
 			return searchKey{}, err
@@ -241,6 +273,14 @@ func (s *session) cmdSearch(ctx context.Context, d *decoder, c *command) (string
 	if err := d.end(); err != nil {
 		return "", err
 	}
+	if p.modseq {
+		s.enableCondstore()
+	}
+	if s.rev2 && !ret.esearch {
+		// RFC 9051 section 6.4.4: ESEARCH, and ALL when nothing else is
+		// asked for.
+		ret.esearch, ret.all = true, true
+	}
 	for _, k := range keys {
 		if err := checkUTF8(k); err != nil {
 			return "", err
@@ -275,11 +315,18 @@ func (s *session) cmdSearch(ctx context.Context, d *decoder, c *command) (string
 		}
 		return m.Seq
 	}
+	var highest uint64
+	for _, m := range hits {
+		highest = max(highest, m.ModSeq)
+	}
 	e := &s.enc
 	if !ret.esearch {
 		e.raw("* SEARCH")
 		for _, m := range hits {
 			e.sp().num(num(m))
+		}
+		if p.modseq && len(hits) > 0 {
+			e.raw(" (MODSEQ ").num64(highest).raw(")")
 		}
 		e.crlf()
 		return c.name + " completed", nil
@@ -309,6 +356,9 @@ func (s *session) cmdSearch(ctx context.Context, d *decoder, c *command) (string
 	}
 	if ret.count {
 		e.raw(" COUNT ").num(uint32(len(hits)))
+	}
+	if p.modseq && len(hits) > 0 {
+		e.raw(" MODSEQ ").num64(highest)
 	}
 	e.crlf()
 	return c.name + " completed", nil
@@ -383,13 +433,15 @@ func (ev *evaluator) match(k searchKey) (bool, error) {
 	case "UNFLAG":
 		return !hasFlag(m.Flags, k.flag), nil
 	case "RECENT":
-		return ev.s.view.Recent(m.UID), nil
+		return ev.s.recent(m.UID), nil
 	case "NEW":
-		return ev.s.view.Recent(m.UID) && !hasFlag(m.Flags, `\Seen`), nil
+		return ev.s.recent(m.UID) && !hasFlag(m.Flags, `\Seen`), nil
 	case "OLD":
-		return !ev.s.view.Recent(m.UID), nil
+		return !ev.s.recent(m.UID), nil
 	case "LARGER":
 		return m.Size > k.n, nil
+	case "MODSEQ":
+		return m.ModSeq >= uint64(k.n), nil
 	case "SMALLER":
 		return m.Size < k.n, nil
 	case "BEFORE", "ON", "SINCE":

@@ -44,6 +44,10 @@ type session struct {
 	unauthCmds int
 	// saved is the SEARCHRES result (RFC 5182), as UIDs.
 	saved []uint32
+	// rev2 and qresync are enabled by ENABLE (RFC 5161); condstore by
+	// ENABLE or by the first CONDSTORE-enabling command (RFC 7162 section
+	// 3.1), and by qresync. None is ever disabled.
+	rev2, condstore, qresync bool
 	// closing ends the session after the current response.
 	closing bool
 	// buf is scratch space for responses rendered by internal/mime.
@@ -333,6 +337,10 @@ func (s *session) unselect() {
 	}
 	s.saved = nil
 }
+
+// recent reports whether uid is \Recent in this session: never once
+// IMAP4rev2 is enabled (RFC 9051 removed \Recent).
+func (s *session) recent(uid uint32) bool { return !s.rev2 && s.view.Recent(uid) }
 
 // authAllowed reports whether credentials may be sent in the clear here:
 // under TLS, from loopback, or when the operator allows it (RFC 9051

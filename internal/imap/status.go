@@ -5,7 +5,8 @@ import (
 	"strings"
 )
 
-// cmdStatus: RFC 9051 section 6.3.11, with SIZE (RFC 8438).
+// cmdStatus: RFC 9051 section 6.3.11, with SIZE (RFC 8438), DELETED (RFC
+// 9051) and HIGHESTMODSEQ (RFC 7162 section 3.1.7).
 func (s *session) cmdStatus(ctx context.Context, d *decoder, c *command) (string, error) {
 	if err := d.sp(); err != nil {
 		return "", err
@@ -17,37 +18,54 @@ func (s *session) cmdStatus(ctx context.Context, d *decoder, c *command) (string
 	if err := d.sp(); err != nil {
 		return "", err
 	}
-	var items []string
-	err = d.list(func() error {
-		a, err := d.atom("")
-		if err != nil {
-			return err
-		}
-		a = strings.ToUpper(a)
-		switch a {
-		case "MESSAGES", "RECENT", "UIDNEXT", "UIDVALIDITY", "UNSEEN", "SIZE":
-		default:
-			return syntaxErr("unknown STATUS item")
-		}
-		items = append(items, a)
-		return nil
-	})
+	items, err := parseStatusItems(d)
 	if err != nil {
 		return "", err
 	}
 	if err := d.end(); err != nil {
 		return "", err
 	}
-	if len(items) == 0 {
-		return "", syntaxErr("STATUS needs an item")
-	}
-	unseen := false
-	for _, it := range items {
-		unseen = unseen || it == "UNSEEN"
-	}
-	info, nUnseen, err := s.mboxes.Status(ctx, name, unseen)
-	if err != nil {
+	if err := s.writeStatus(ctx, name, items); err != nil {
 		return "", err
+	}
+	return "STATUS completed", nil
+}
+
+// parseStatusItems reads a parenthesized, non-empty list of status-att.
+func parseStatusItems(d *decoder) ([]string, error) {
+	var items []string
+	err := d.list(func() error {
+		a, err := d.atom("")
+		if err != nil {
+			return err
+		}
+		a = strings.ToUpper(a)
+		switch a {
+		case "MESSAGES", "RECENT", "UIDNEXT", "UIDVALIDITY", "UNSEEN", "SIZE", "DELETED", "HIGHESTMODSEQ":
+		default:
+			return syntaxErr("unknown STATUS item")
+		}
+		items = append(items, a)
+		return nil
+	})
+	if err == nil && len(items) == 0 {
+		err = syntaxErr("STATUS needs an item")
+	}
+	return items, err
+}
+
+// writeStatus sends one STATUS response for name.
+func (s *session) writeStatus(ctx context.Context, name string, items []string) error {
+	count := false
+	for _, it := range items {
+		count = count || it == "UNSEEN" || it == "DELETED"
+		if it == "HIGHESTMODSEQ" {
+			s.enableCondstore()
+		}
+	}
+	info, n, err := s.mboxes.Status(ctx, name, count)
+	if err != nil {
+		return err
 	}
 	s.enc.raw("* STATUS ").astring(info.Name).raw(" (")
 	for i, it := range items {
@@ -67,11 +85,15 @@ func (s *session) cmdStatus(ctx context.Context, d *decoder, c *command) (string
 		case "UIDVALIDITY":
 			s.enc.num(info.UIDValidity)
 		case "UNSEEN":
-			s.enc.num(nUnseen)
+			s.enc.num(n.Unseen)
+		case "DELETED":
+			s.enc.num(n.Deleted)
 		case "SIZE":
 			s.enc.num64(uint64(info.Size))
+		case "HIGHESTMODSEQ":
+			s.enc.num64(info.HighestModSeq)
 		}
 	}
 	s.enc.raw(")").crlf()
-	return "STATUS completed", nil
+	return nil
 }

@@ -146,22 +146,31 @@ func (u *User) List(ctx context.Context) ([]Info, error) {
 	return out, nil
 }
 
-// Status returns a mailbox's counters; with unseen it also counts the
-// messages without \Seen, which reads every message's flags.
-func (u *User) Status(ctx context.Context, name string, unseen bool) (Info, uint32, error) {
+// Counts are the STATUS counters that need every message's flags.
+type Counts struct {
+	Unseen  uint32 // messages without \Seen
+	Deleted uint32 // messages with \Deleted (RFC 9051 STATUS DELETED)
+}
+
+// Status returns a mailbox's counters; with count it also counts flags,
+// which reads every message's flags.
+func (u *User) Status(ctx context.Context, name string, count bool) (Info, Counts, error) {
 	mb, err := u.m.st.GetMailbox(ctx, u.user, CanonicalName(name))
 	if err != nil {
-		return Info{}, 0, classify(err, name)
+		return Info{}, Counts{}, classify(err, name)
 	}
-	var n uint32
-	if unseen {
+	var n Counts
+	if count {
 		err := u.scan(ctx, mb.ID, func(m store.Message) {
 			if !hasFlag(m.Flags, store.FlagSeen) {
-				n++
+				n.Unseen++
+			}
+			if hasFlag(m.Flags, store.FlagDeleted) {
+				n.Deleted++
 			}
 		})
 		if err != nil {
-			return Info{}, 0, err
+			return Info{}, Counts{}, err
 		}
 	}
 	return infoOf(mb), n, nil

@@ -205,6 +205,9 @@ type Updates struct {
 	// Expunged are sequence numbers, each valid when its EXPUNGE is sent
 	// (they are in descending order, so none shifts another).
 	Expunged []uint32
+	// ExpungedUIDs are the same messages' UIDs, ascending, for VANISHED
+	// (RFC 7162 section 3.2.10).
+	ExpungedUIDs []uint32
 	// Exists is true when EXISTS (and, in IMAP4rev1, RECENT) must be sent;
 	// the values are Len() and RecentCount.
 	Exists      bool
@@ -265,6 +268,7 @@ func (v *View) Poll(ctx context.Context, allowExpunge bool) (Updates, error) {
 		for i, uid := range v.uids {
 			if _, ok := v.gone[uid]; ok {
 				expunged = append(expunged, uint32(i+1))
+				up.ExpungedUIDs = append(up.ExpungedUIDs, uid)
 				continue
 			}
 			kept = append(kept, uid)
@@ -378,31 +382,39 @@ const (
 // caller reports them (or not, for .SILENT); Poll will not report them
 // again.
 func (v *View) SetFlags(ctx context.Context, uids []uint32, op FlagOp, flags []string) ([]Message, error) {
+	changed, _, err := v.SetFlagsIf(ctx, uids, op, flags, 0)
+	return changed, err
+}
+
+// SetFlagsIf is SetFlags with the CONDSTORE UNCHANGEDSINCE test (RFC 7162
+// section 3.1.3): with unchangedSince non-zero, messages whose MODSEQ is
+// above it are left alone and returned in failed (UIDs, ascending).
+func (v *View) SetFlagsIf(ctx context.Context, uids []uint32, op FlagOp, flags []string, unchangedSince uint64) (changed []Message, failed []uint32, err error) {
 	if v.readOnly {
-		return nil, ErrReadOnly
+		return nil, nil, ErrReadOnly
 	}
 	uids = v.live(uids)
 	if len(uids) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
-	res, err := v.u.m.st.SetFlags(ctx, v.id, store.FlagChange{UIDs: uids, Op: store.FlagOp(op), Flags: flags})
+	res, err := v.u.m.st.SetFlags(ctx, v.id, store.FlagChange{UIDs: uids, Op: store.FlagOp(op), Flags: flags, UnchangedSince: unchangedSince})
 	if err != nil {
-		return nil, classify(err, "store flags")
+		return nil, nil, classify(err, "store flags")
 	}
-	out := make([]Message, 0, len(res.Changed))
+	changed = make([]Message, 0, len(res.Changed))
 	for _, m := range res.Changed {
 		seq := v.Seq(m.UID)
 		if seq == 0 {
 			continue
 		}
 		v.own[m.UID] = m.ModSeq
-		out = append(out, Message{Seq: seq, UID: m.UID, ModSeq: m.ModSeq, Flags: m.Flags,
+		changed = append(changed, Message{Seq: seq, UID: m.UID, ModSeq: m.ModSeq, Flags: m.Flags,
 			InternalDate: m.InternalDate, Size: m.Size, Meta: m.Meta, blob: m.Blob})
 	}
 	if len(res.Changed) > 0 {
 		v.u.m.hub.Notify(v.id)
 	}
-	return out, nil
+	return changed, res.Failed, nil
 }
 
 // live returns the uids not known to be expunged.
@@ -489,6 +501,46 @@ func (v *View) Copy(ctx context.Context, uids []uint32, dest string) (CopyResult
 		v.u.m.hub.Notify(mb.ID)
 	}
 	return res, err
+}
+
+// HighestModSeq is the MODSEQ up to which the view has taken changes in
+// (RFC 7162 HIGHESTMODSEQ): every change at or below it has been, or is
+// being, told to the client.
+func (v *View) HighestModSeq() uint64 { return v.modseq }
+
+// ChangesSince answers a client resynchronizing from modseq (RFC 7162
+// QRESYNC, CHANGEDSINCE ... VANISHED): the UIDs expunged after modseq
+// that the view no longer numbers (vanished, ascending), and the UIDs
+// the view numbers whose state changed after modseq (changed, ascending).
+// Only changes up to HighestModSeq count; later ones are Poll's. The
+// store keeps an expunge tombstone per UID, so vanished is exact.
+func (v *View) ChangesSince(ctx context.Context, modseq uint64) (vanished, changed []uint32, err error) {
+	since := modseq
+	for since < v.modseq {
+		page, err := v.u.m.st.Changes(ctx, v.id, since, pageSize)
+		if err != nil {
+			return nil, nil, classify(err, "changes")
+		}
+		for _, c := range page {
+			if c.ModSeq > v.modseq {
+				break
+			}
+			_, gone := v.gone[c.UID]
+			switch {
+			case c.Kind == store.ChangeExpunged && v.Seq(c.UID) == 0:
+				vanished = append(vanished, c.UID)
+			case c.Kind != store.ChangeExpunged && v.Seq(c.UID) != 0 && !gone:
+				changed = append(changed, c.UID)
+			}
+		}
+		if len(page) < pageSize {
+			break
+		}
+		since = page[len(page)-1].ModSeq
+	}
+	slices.Sort(vanished)
+	slices.Sort(changed)
+	return slices.Compact(vanished), slices.Compact(changed), nil
 }
 
 // UIDs returns the UIDs the client knows, by sequence number (index
