@@ -37,6 +37,8 @@ type Mailboxes interface {
 	PutBody(ctx context.Context, r io.Reader, size int64) (mailbox.Body, error)
 	// Append appends messages atomically.
 	Append(ctx context.Context, name string, msgs []mailbox.NewMessage) (mailbox.AppendResult, error)
+	// Quota returns the user's storage quota and usage (RFC 9208).
+	Quota(ctx context.Context) (mailbox.Quota, error)
 	// Select opens a mailbox; the session closes the View.
 	Select(ctx context.Context, name string, readOnly bool) (View, mailbox.SelectInfo, error)
 }
@@ -62,6 +64,9 @@ type View interface {
 	ChangesSince(ctx context.Context, modseq uint64) (vanished, changed []uint32, err error)
 	Expunge(ctx context.Context, uids []uint32) error
 	Copy(ctx context.Context, uids []uint32, dest string) (mailbox.CopyResult, error)
+	// Move copies without the quota check; the caller expunges the
+	// originals.
+	Move(ctx context.Context, uids []uint32, dest string) (mailbox.CopyResult, error)
 	Close()
 }
 

@@ -60,15 +60,19 @@ func (s *session) copy(ctx context.Context, d *decoder, c *command) (mailbox.Cop
 	if err != nil {
 		return mailbox.CopyResult{}, err
 	}
-	if c.name == "MOVE" || c.name == "UID MOVE" {
-		if s.view.ReadOnly() {
-			return mailbox.CopyResult{}, mailbox.ErrReadOnly
-		}
+	move := c.name == "MOVE" || c.name == "UID MOVE"
+	if move && s.view.ReadOnly() {
+		return mailbox.CopyResult{}, mailbox.ErrReadOnly
 	}
 	if len(uids) == 0 {
 		// Still check the destination, as a client expects TRYCREATE.
 		_, _, err := s.mboxes.Status(ctx, dest, false)
 		return mailbox.CopyResult{}, err
+	}
+	if move {
+		// A move does not grow the user's usage: no quota check (RFC
+		// 9208 section 4.3 applies to COPY and APPEND).
+		return s.view.Move(ctx, uids, dest)
 	}
 	return s.view.Copy(ctx, uids, dest)
 }

@@ -116,6 +116,26 @@ func decodeCommand(src source, maxLiteral int64) (string, error) {
 					return err
 				}
 			}
+		case "SORT":
+			if err := d.sp(); err != nil {
+				return err
+			}
+			if _, err := parseSortCriteria(d); err != nil {
+				return err
+			}
+			if err := d.sp(); err != nil {
+				return err
+			}
+			if err := parseCharset(d); err != nil {
+				return err
+			}
+			if err := d.sp(); err != nil {
+				return err
+			}
+			p := searchParser{d: d}
+			if _, err := p.keys(); err != nil {
+				return err
+			}
 		case "SELECT":
 			if err := d.sp(); err != nil {
 				return err
@@ -282,6 +302,8 @@ func FuzzDecodeCommand(f *testing.F) {
 		"c3 UID FETCH 1:* (FLAGS BINARY.PEEK[1.2]<0.10> BINARY.SIZE[2] MODSEQ)\r\n",
 		"c4 SEARCH MODSEQ \"/flags/\\\\draft\" all 620162338\r\n",
 		"c5 STATUS INBOX (MESSAGES DELETED SIZE)\r\n",
+		"c6 UID SORT (REVERSE DATE SUBJECT DISPLAYFROM) UTF-8 OR FROM {1}\r\nx SINCE 1-Jan-2024\r\n",
+		"c7 SORT (REVERSE REVERSE SIZE) US-ASCII ALL\r\n",
 		"\r\n",
 	} {
 		f.Add([]byte(seed))

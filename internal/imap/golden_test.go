@@ -33,6 +33,7 @@ var update = flag.Bool("update", false, "rewrite the S: lines of testdata/*.txt 
 //	!tls [n]              TLS handshake after OK to STARTTLS
 //	!read [n]             read one more server line (IDLE pushes)
 //	!deliver user subject deliver a message to user's INBOX, as SMTP does
+//	!quota user octets    set user's quota (0: unlimited), as the operator does
 //	!shutdown             Shutdown the server (sessions get BYE)
 //
 // UIDVALIDITY values derive from the clock, so numbers within a day of now
@@ -184,6 +185,13 @@ func runTranscript(t *testing.T, script string) string {
 		case "deliver":
 			user, subject, _ := strings.Cut(arg, " ")
 			backend.deliver(t, user, "From: x@example.org\r\nSubject: "+subject+"\r\n\r\nbody\r\n")
+		case "quota":
+			user, octets, _ := strings.Cut(arg, " ")
+			n, err := strconv.ParseInt(octets, 10, 64)
+			if err != nil {
+				t.Fatalf("!quota %q: %v", arg, err)
+			}
+			backend.setQuota(t, user, n)
 		case "shutdown":
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			err := srv.Shutdown(ctx)

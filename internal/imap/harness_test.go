@@ -179,6 +179,20 @@ func (b *testBackend) deliver(t testing.TB, user, body string) {
 	b.hub.Appended(user, inbox.ID, msgs)
 }
 
+// setQuota sets user's quota in octets, as the operator does.
+func (b *testBackend) setQuota(t testing.TB, user string, octets int64) {
+	t.Helper()
+	ctx := context.Background()
+	u, err := b.st.GetUser(ctx, user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.QuotaBytes = octets
+	if err := b.st.UpdateUser(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // startServer serves srv on 127.0.0.1:0 (seen as remote if valid) and
 // stops it when the test ends, requiring a clean Shutdown.
 func startServer(t testing.TB, srv *Server, remote netip.Addr) string {

@@ -252,12 +252,8 @@ func (s *session) cmdSearch(ctx context.Context, d *decoder, c *command) (string
 		if err := d.sp(); err != nil {
 			return "", err
 		}
-		cs, err := d.astring()
-		if err != nil {
+		if err := parseCharset(d); err != nil {
 			return "", err
-		}
-		if !strings.EqualFold(cs, "UTF-8") && !strings.EqualFold(cs, "US-ASCII") {
-			return "", &protoError{no: true, code: "BADCHARSET (UTF-8 US-ASCII)", text: "unsupported charset"}
 		}
 		if err := d.sp(); err != nil {
 			return "", err
@@ -265,42 +261,17 @@ func (s *session) cmdSearch(ctx context.Context, d *decoder, c *command) (string
 	} else {
 		d.line = save
 	}
-	p := searchParser{d: d}
-	keys, err := p.keys()
+	keys, modseq, err := s.parseCriteria(d)
 	if err != nil {
 		return "", err
-	}
-	if err := d.end(); err != nil {
-		return "", err
-	}
-	if p.modseq {
-		s.enableCondstore()
 	}
 	if s.rev2 && !ret.esearch {
 		// RFC 9051 section 6.4.4: ESEARCH, and ALL when nothing else is
 		// asked for.
 		ret.esearch, ret.all = true, true
 	}
-	for _, k := range keys {
-		if err := checkUTF8(k); err != nil {
-			return "", err
-		}
-	}
-	root := searchKey{op: "AND", sub: keys}
-	var hits []mailbox.Message
-	err = s.view.Messages(ctx, s.view.UIDs(), func(m mailbox.Message) error {
-		ev := evaluator{s: s, ctx: ctx, m: m}
-		ok, err := ev.match(root)
-		ev.close()
-		if err != nil {
-			return err
-		}
-		if ok {
-			hits = append(hits, m)
-		}
-		return nil
-	})
-	if err != nil && err != mailbox.ErrExpunged {
+	hits, err := s.matching(ctx, keys)
+	if err != nil {
 		return "", err
 	}
 	if ret.save {
@@ -325,7 +296,7 @@ func (s *session) cmdSearch(ctx context.Context, d *decoder, c *command) (string
 		for _, m := range hits {
 			e.sp().num(num(m))
 		}
-		if p.modseq && len(hits) > 0 {
+		if modseq && len(hits) > 0 {
 			e.raw(" (MODSEQ ").num64(highest).raw(")")
 		}
 		e.crlf()
@@ -357,11 +328,70 @@ func (s *session) cmdSearch(ctx context.Context, d *decoder, c *command) (string
 	if ret.count {
 		e.raw(" COUNT ").num(uint32(len(hits)))
 	}
-	if p.modseq && len(hits) > 0 {
+	if modseq && len(hits) > 0 {
 		e.raw(" MODSEQ ").num64(highest)
 	}
 	e.crlf()
 	return c.name + " completed", nil
+}
+
+// parseCharset reads a search charset (RFC 3501 section 6.4.4): UTF-8 and
+// US-ASCII are supported, anything else is NO [BADCHARSET].
+func parseCharset(d *decoder) error {
+	cs, err := d.astring()
+	if err != nil {
+		return err
+	}
+	if !strings.EqualFold(cs, "UTF-8") && !strings.EqualFold(cs, "US-ASCII") {
+		return &protoError{no: true, code: "BADCHARSET (UTF-8 US-ASCII)", text: "unsupported charset"}
+	}
+	return nil
+}
+
+// parseCriteria reads the search keys that end a SEARCH, SORT or THREAD
+// command, and the end of the command. modseq reports a MODSEQ key, which
+// enables CONDSTORE (RFC 7162 section 3.1).
+func (s *session) parseCriteria(d *decoder) (keys []searchKey, modseq bool, err error) {
+	p := searchParser{d: d}
+	if keys, err = p.keys(); err != nil {
+		return nil, false, err
+	}
+	if err := d.end(); err != nil {
+		return nil, false, err
+	}
+	for _, k := range keys {
+		if err := checkUTF8(k); err != nil {
+			return nil, false, err
+		}
+	}
+	if p.modseq {
+		s.enableCondstore()
+	}
+	return keys, p.modseq, nil
+}
+
+// matching returns the messages of the selected mailbox that match every
+// key, in sequence order. Messages expunged meanwhile by another session
+// are left out.
+func (s *session) matching(ctx context.Context, keys []searchKey) ([]mailbox.Message, error) {
+	root := searchKey{op: "AND", sub: keys}
+	var hits []mailbox.Message
+	err := s.view.Messages(ctx, s.view.UIDs(), func(m mailbox.Message) error {
+		ev := evaluator{s: s, ctx: ctx, m: m}
+		ok, err := ev.match(root)
+		ev.close()
+		if err != nil {
+			return err
+		}
+		if ok {
+			hits = append(hits, m)
+		}
+		return nil
+	})
+	if err != nil && err != mailbox.ErrExpunged {
+		return nil, err
+	}
+	return hits, nil
 }
 
 func checkUTF8(k searchKey) error {

@@ -69,8 +69,9 @@ type handlerFunc func(s *session, ctx context.Context, d *decoder, c *command) (
 type handler struct {
 	states int // bit set of 1<<state
 	run    handlerFunc
-	// noExpunge marks FETCH, STORE and SEARCH by sequence number, during
-	// which EXPUNGE may not be sent (RFC 3501 section 7.4.1).
+	// noExpunge marks FETCH, STORE, SEARCH, SORT and THREAD by sequence
+	// number, during which EXPUNGE may not be sent (RFC 3501 section
+	// 7.4.1, RFC 5256 section 3).
 	noExpunge bool
 }
 
@@ -108,6 +109,9 @@ func init() {
 		"SELECT":       {states: inLoggedIn, run: (*session).cmdSelect},
 		"EXAMINE":      {states: inLoggedIn, run: (*session).cmdExamine},
 		"IDLE":         {states: inLoggedIn, run: (*session).cmdIdle},
+		"GETQUOTA":     {states: inLoggedIn, run: (*session).cmdGetQuota},
+		"GETQUOTAROOT": {states: inLoggedIn, run: (*session).cmdGetQuotaRoot},
+		"SETQUOTA":     {states: inLoggedIn, run: (*session).cmdSetQuota},
 		"CHECK":        {states: inSelected, run: (*session).cmdNoop},
 		"CLOSE":        {states: inSelected, run: (*session).cmdClose},
 		"UNSELECT":     {states: inSelected, run: (*session).cmdUnselect},
@@ -123,6 +127,10 @@ func init() {
 		"UID COPY":     {states: inSelected, run: (*session).cmdCopy},
 		"UID MOVE":     {states: inSelected, run: (*session).cmdMove},
 		"UID EXPUNGE":  {states: inSelected, run: (*session).cmdExpunge},
+		"SORT":         {states: inSelected, run: (*session).cmdSort, noExpunge: true},
+		"UID SORT":     {states: inSelected, run: (*session).cmdSort},
+		"THREAD":       {states: inSelected, run: (*session).cmdThread, noExpunge: true},
+		"UID THREAD":   {states: inSelected, run: (*session).cmdThread},
 	}
 }
 

@@ -6,7 +6,8 @@ import (
 )
 
 // cmdStatus: RFC 9051 section 6.3.11, with SIZE (RFC 8438), DELETED (RFC
-// 9051) and HIGHESTMODSEQ (RFC 7162 section 3.1.7).
+// 9051), HIGHESTMODSEQ (RFC 7162 section 3.1.7) and DELETED-STORAGE (RFC
+// 9208 section 4.2.5, in KiB).
 func (s *session) cmdStatus(ctx context.Context, d *decoder, c *command) (string, error) {
 	if err := d.sp(); err != nil {
 		return "", err
@@ -41,7 +42,7 @@ func parseStatusItems(d *decoder) ([]string, error) {
 		}
 		a = strings.ToUpper(a)
 		switch a {
-		case "MESSAGES", "RECENT", "UIDNEXT", "UIDVALIDITY", "UNSEEN", "SIZE", "DELETED", "HIGHESTMODSEQ":
+		case "MESSAGES", "RECENT", "UIDNEXT", "UIDVALIDITY", "UNSEEN", "SIZE", "DELETED", "HIGHESTMODSEQ", "DELETED-STORAGE":
 		default:
 			return syntaxErr("unknown STATUS item")
 		}
@@ -58,7 +59,7 @@ func parseStatusItems(d *decoder) ([]string, error) {
 func (s *session) writeStatus(ctx context.Context, name string, items []string) error {
 	count := false
 	for _, it := range items {
-		count = count || it == "UNSEEN" || it == "DELETED"
+		count = count || it == "UNSEEN" || it == "DELETED" || it == "DELETED-STORAGE"
 		if it == "HIGHESTMODSEQ" {
 			s.enableCondstore()
 		}
@@ -90,6 +91,8 @@ func (s *session) writeStatus(ctx context.Context, name string, items []string) 
 			s.enc.num(n.Deleted)
 		case "SIZE":
 			s.enc.num64(uint64(info.Size))
+		case "DELETED-STORAGE":
+			s.enc.num64(kib(n.DeletedSize))
 		case "HIGHESTMODSEQ":
 			s.enc.num64(info.HighestModSeq)
 		}

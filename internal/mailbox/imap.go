@@ -69,6 +69,8 @@ type IMAPStore interface {
 	SetFlags(ctx context.Context, mailbox store.ID, change store.FlagChange) (store.FlagResult, error)
 	Expunge(ctx context.Context, mailbox store.ID, uids []uint32) ([]uint32, uint64, error)
 	Changes(ctx context.Context, mailbox store.ID, since uint64, limit int) ([]store.Change, error)
+	GetUser(ctx context.Context, address string) (store.User, error)
+	Usage(ctx context.Context, user string) (store.Usage, error)
 }
 
 // Delimiter is the hierarchy delimiter of mailbox names (RFC 3501
@@ -150,6 +152,9 @@ func (u *User) List(ctx context.Context) ([]Info, error) {
 type Counts struct {
 	Unseen  uint32 // messages without \Seen
 	Deleted uint32 // messages with \Deleted (RFC 9051 STATUS DELETED)
+	// DeletedSize is the octets of the messages with \Deleted (RFC 9208
+	// STATUS DELETED-STORAGE).
+	DeletedSize int64
 }
 
 // Status returns a mailbox's counters; with count it also counts flags,
@@ -167,6 +172,7 @@ func (u *User) Status(ctx context.Context, name string, count bool) (Info, Count
 			}
 			if hasFlag(m.Flags, store.FlagDeleted) {
 				n.Deleted++
+				n.DeletedSize += m.Size
 			}
 		})
 		if err != nil {
@@ -384,4 +390,27 @@ func (u *User) Append(ctx context.Context, name string, msgs []NewMessage) (Appe
 	}
 	u.m.hub.Notify(mb.ID)
 	return AppendResult{UIDValidity: mb.UIDValidity, UIDs: uidsOf(stored)}, nil
+}
+
+// Quota is a user's storage quota and usage over all mailboxes (RFC 9208
+// section 5.1, the STORAGE resource; one quota root per user).
+type Quota struct {
+	Limit    int64 // octets; 0 means unlimited
+	Used     int64 // octets
+	Messages int64
+}
+
+// Quota returns the user's quota and current usage. The limit is set by
+// the operator (store.User.QuotaBytes) and enforced by the store on every
+// Append made with CheckQuota.
+func (u *User) Quota(ctx context.Context) (Quota, error) {
+	usr, err := u.m.st.GetUser(ctx, u.user)
+	if err != nil {
+		return Quota{}, fmt.Errorf("mailbox: quota of %s: %w", u.user, err)
+	}
+	use, err := u.m.st.Usage(ctx, u.user)
+	if err != nil {
+		return Quota{}, fmt.Errorf("mailbox: usage of %s: %w", u.user, err)
+	}
+	return Quota{Limit: usr.QuotaBytes, Used: use.Bytes, Messages: use.Messages}, nil
 }

@@ -464,6 +464,18 @@ type CopyResult struct {
 // pageSize messages is atomic; a failure part-way leaves the earlier
 // batches copied.
 func (v *View) Copy(ctx context.Context, uids []uint32, dest string) (CopyResult, error) {
+	return v.copy(ctx, uids, dest, true)
+}
+
+// Move copies like Copy but without the quota check: the caller expunges
+// the originals next (RFC 6851), so the user's usage does not grow once
+// the move is done. Until then it may exceed the quota by the moved
+// messages.
+func (v *View) Move(ctx context.Context, uids []uint32, dest string) (CopyResult, error) {
+	return v.copy(ctx, uids, dest, false)
+}
+
+func (v *View) copy(ctx context.Context, uids []uint32, dest string, checkQuota bool) (CopyResult, error) {
 	dest = CanonicalName(dest)
 	mb, err := v.u.m.st.GetMailbox(ctx, v.u.user, dest)
 	if err != nil {
@@ -475,7 +487,7 @@ func (v *View) Copy(ctx context.Context, uids []uint32, dest string) (CopyResult
 		if len(batch) == 0 {
 			return nil
 		}
-		stored, err := v.u.m.st.Append(ctx, mb.ID, newMessages(batch), store.AppendOptions{CheckQuota: true})
+		stored, err := v.u.m.st.Append(ctx, mb.ID, newMessages(batch), store.AppendOptions{CheckQuota: checkQuota})
 		if err != nil {
 			return classify(err, dest)
 		}
