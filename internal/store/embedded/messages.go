@@ -8,34 +8,11 @@ import (
 	"math"
 	"slices"
 	"sort"
-	"strings"
 
 	"github.com/cockroachdb/pebble/v2"
 
 	"quill/internal/store"
 )
-
-// normalizeFlags sorts and deduplicates flags and rejects what IMAP cannot
-// store: \Recent (session state), empty or non-atom names (RFC 3501 flag).
-func normalizeFlags(flags []string) ([]string, error) {
-	if len(flags) == 0 {
-		return nil, nil
-	}
-	out := make([]string, 0, len(flags))
-	for _, f := range flags {
-		if f == "" || len(f) > 255 || strings.EqualFold(f, `\Recent`) || strings.ContainsAny(f, " (){%*\"]\x00\r\n") {
-			return nil, fmt.Errorf("%w: flag %q", store.ErrInvalid, f)
-		}
-		for i := 0; i < len(f); i++ {
-			if f[i] < 0x21 || f[i] > 0x7e {
-				return nil, fmt.Errorf("%w: flag %q", store.ErrInvalid, f)
-			}
-		}
-		out = append(out, f)
-	}
-	sort.Strings(out)
-	return slices.Compact(out), nil
-}
 
 func (e *Engine) Append(ctx context.Context, mailbox store.ID, msgs []store.NewMessage, opts store.AppendOptions) ([]store.Message, error) {
 	if len(msgs) == 0 {
@@ -44,7 +21,7 @@ func (e *Engine) Append(ctx context.Context, mailbox store.ID, msgs []store.NewM
 	prepared := make([]store.Message, len(msgs))
 	var total int64
 	for i, nm := range msgs {
-		flags, err := normalizeFlags(nm.Flags)
+		flags, err := store.NormalizeFlags(nm.Flags)
 		if err != nil {
 			return nil, err
 		}
@@ -153,7 +130,7 @@ func (e *Engine) GetMessage(ctx context.Context, mailbox store.ID, uid uint32) (
 }
 
 func (e *Engine) SetFlags(ctx context.Context, mailbox store.ID, change store.FlagChange) (store.FlagResult, error) {
-	flags, err := normalizeFlags(change.Flags)
+	flags, err := store.NormalizeFlags(change.Flags)
 	if err != nil {
 		return store.FlagResult{}, err
 	}
@@ -181,7 +158,7 @@ func (e *Engine) SetFlags(ctx context.Context, mailbox store.ID, change store.Fl
 				res.Failed = append(res.Failed, uid)
 				continue
 			}
-			next := applyFlags(msg.Flags, change.Op, flags)
+			next := store.ApplyFlags(msg.Flags, change.Op, flags)
 			if slices.Equal(next, msg.Flags) {
 				continue
 			}
@@ -198,25 +175,6 @@ func (e *Engine) SetFlags(ctx context.Context, mailbox store.ID, change store.Fl
 		return nil
 	})
 	return res, err
-}
-
-func applyFlags(cur []string, op store.FlagOp, flags []string) []string {
-	switch op {
-	case store.FlagsReplace:
-		return flags
-	case store.FlagsAdd:
-		out := append(slices.Clone(cur), flags...)
-		sort.Strings(out)
-		return slices.Compact(out)
-	default:
-		var out []string
-		for _, f := range cur {
-			if !slices.Contains(flags, f) {
-				out = append(out, f)
-			}
-		}
-		return out
-	}
 }
 
 func (e *Engine) Expunge(ctx context.Context, mailbox store.ID, uids []uint32) ([]uint32, uint64, error) {
