@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -24,7 +25,9 @@ var update = flag.Bool("update", false, "rewrite the S: lines of testdata/*.txt 
 //	# comment
 //	!option name[=value]  before anything else: tls, implicit, insecure,
 //	                      remote=IP, maxerrors=N, maxliteral=N,
-//	                      appendlimit=N, maxline=N
+//	                      appendlimit=N, maxline=N, rate=N (commands
+//	                      per second), burst=N, timeout=DURATION (autologout
+//	                      after login), unauthtimeout=DURATION
 //	!connect [n]          open session n and read its greeting
 //	C[n]: line            send line (<CRLF> stands for CRLF inside it);
 //	                      the response through its tagged line (or a
@@ -35,6 +38,8 @@ var update = flag.Bool("update", false, "rewrite the S: lines of testdata/*.txt 
 //	!deliver user subject deliver a message to user's INBOX, as SMTP does
 //	!quota user octets    set user's quota (0: unlimited), as the operator does
 //	!shutdown             Shutdown the server (sessions get BYE)
+//	!clock DURATION       advance the command rate limit's clock, which
+//	                      otherwise stands still
 //
 // UIDVALIDITY values derive from the clock, so numbers within a day of now
 // read as "UV" in the output; in C: lines, the word UV stands for the last
@@ -89,7 +94,9 @@ func maskUV(s string) string {
 func runTranscript(t *testing.T, script string) string {
 	serverTLS, clientTLS := tlsConfigs(t)
 	backend := newTestBackend(t)
-	srv := &Server{Hostname: "imap.test", Backend: backend, Logger: testLogger(t)}
+	var clock atomic.Int64 // nanoseconds after fixtureDate
+	srv := &Server{Hostname: "imap.test", Backend: backend, Logger: testLogger(t),
+		Now: func() time.Time { return fixtureDate.Add(time.Duration(clock.Load())) }}
 	var remote netip.Addr
 	var out strings.Builder
 	clients := map[string]*client{}
@@ -142,6 +149,13 @@ func runTranscript(t *testing.T, script string) string {
 				t.Fatalf("!option after the server started: %q", text)
 			}
 			name, value, _ := strings.Cut(arg, "=")
+			dur := func() time.Duration {
+				d, err := time.ParseDuration(value)
+				if err != nil {
+					t.Fatalf("option %q: %v", arg, err)
+				}
+				return d
+			}
 			num := func() int {
 				n, err := strconv.Atoi(value)
 				if err != nil {
@@ -166,6 +180,14 @@ func runTranscript(t *testing.T, script string) string {
 				srv.AppendLimit = int64(num())
 			case "maxline":
 				srv.MaxLineLength = num()
+			case "rate":
+				srv.CommandRate = float64(num())
+			case "burst":
+				srv.CommandBurst = num()
+			case "timeout":
+				srv.ReadTimeout = dur()
+			case "unauthtimeout":
+				srv.UnauthTimeout = dur()
 			default:
 				t.Fatalf("unknown option %q", arg)
 			}
@@ -192,6 +214,12 @@ func runTranscript(t *testing.T, script string) string {
 				t.Fatalf("!quota %q: %v", arg, err)
 			}
 			backend.setQuota(t, user, n)
+		case "clock":
+			d, err := time.ParseDuration(arg)
+			if err != nil {
+				t.Fatalf("!clock %q: %v", arg, err)
+			}
+			clock.Add(int64(d))
 		case "shutdown":
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			err := srv.Shutdown(ctx)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -376,7 +377,7 @@ func (s *session) parseCriteria(d *decoder) (keys []searchKey, modseq bool, err 
 func (s *session) matching(ctx context.Context, keys []searchKey) ([]mailbox.Message, error) {
 	root := searchKey{op: "AND", sub: keys}
 	var hits []mailbox.Message
-	err := s.view.Messages(ctx, s.view.UIDs(), func(m mailbox.Message) error {
+	err := s.view.Messages(ctx, s.candidates(keys), func(m mailbox.Message) error {
 		ev := evaluator{s: s, ctx: ctx, m: m}
 		ok, err := ev.match(root)
 		ev.close()
@@ -392,6 +393,80 @@ func (s *session) matching(ctx context.Context, keys []searchKey) ([]mailbox.Mes
 		return nil, err
 	}
 	return hits, nil
+}
+
+// candidates returns the UIDs (ascending) a search with keys can match:
+// the intersection of the UID and sequence sets among the keys that every
+// match must satisfy (the top level and nested parenthesized lists), or
+// every UID of the view when there are none. The full criteria are still
+// evaluated on each candidate, so this only avoids reading messages that
+// cannot match: "UID SEARCH UID u:u+9" reads 10 messages, not the mailbox.
+func (s *session) candidates(keys []searchKey) []uint32 {
+	known := s.view.UIDs()
+	var out []uint32
+	restricted := false
+	var walk func(keys []searchKey)
+	walk = func(keys []searchKey) {
+		for _, k := range keys {
+			var set []uint32
+			switch k.op {
+			case "AND":
+				walk(k.sub)
+				continue
+			case "UID":
+				set = s.uidSetUIDs(k.set, known)
+			case "SEQ":
+				set = s.seqSetUIDs(k.set, known)
+			default:
+				continue
+			}
+			if !restricted {
+				out, restricted = set, true
+			} else {
+				out = intersect(out, set)
+			}
+		}
+	}
+	walk(keys)
+	if !restricted {
+		return known
+	}
+	return out
+}
+
+// uidSetUIDs returns the known UIDs (ascending) a UID set names, as
+// containsUID decides them.
+func (s *session) uidSetUIDs(set SeqSet, known []uint32) []uint32 {
+	if set.Saved {
+		var out []uint32
+		for _, u := range s.saved {
+			if _, ok := slices.BinarySearch(known, u); ok {
+				out = append(out, u)
+			}
+		}
+		return sortUnique(out)
+	}
+	return uidsByUID(set, known)
+}
+
+// seqSetUIDs returns the UIDs (ascending) of the sequence numbers a set
+// names, as containsSeq decides them: numbers beyond the mailbox match
+// nothing.
+func (s *session) seqSetUIDs(set SeqSet, known []uint32) []uint32 {
+	if set.Saved {
+		return s.uidSetUIDs(set, known)
+	}
+	n := uint32(len(known))
+	var out []uint32
+	for _, r := range set.Ranges {
+		lo, hi := r.bounds(n)
+		hi = min(hi, n)
+		if lo == 0 || lo > hi {
+			continue
+		}
+		out = append(out, known[lo-1:hi]...)
+	}
+	return sortUnique(out)
 }
 
 func checkUTF8(k searchKey) error {

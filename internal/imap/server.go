@@ -37,6 +37,14 @@ const (
 	DefaultWriteTimeout = time.Minute
 	// DefaultHandshakeTimeout bounds a TLS handshake.
 	DefaultHandshakeTimeout = 30 * time.Second
+	// DefaultCommandRate is the sustained commands per second of one
+	// connection: far above what a client needs (mbsync and offlineimap
+	// pipeline a few dozen commands per second at most), low enough that
+	// one connection cannot monopolise a core with cheap commands.
+	DefaultCommandRate = 200
+	// DefaultCommandBurst is the commands one connection may send at once
+	// above the rate (a client's pipelined batch).
+	DefaultCommandBurst = 400
 )
 
 // ErrServerClosed is returned by Serve after Shutdown or Close.
@@ -76,6 +84,12 @@ type Server struct {
 	UnauthTimeout     time.Duration // autologout before login
 	WriteTimeout      time.Duration
 	HandshakeTimeout  time.Duration
+	// CommandRate and CommandBurst are each connection's token bucket of
+	// commands: over it a command gets NO [LIMIT] without running.
+	CommandRate  float64
+	CommandBurst int
+	// Now is the clock of the command rate limit; nil means time.Now.
+	Now func() time.Time
 
 	once    sync.Once
 	cfg     config
@@ -100,6 +114,9 @@ type config struct {
 	maxUnauthCommands int
 	readTimeout       time.Duration
 	unauthTimeout     time.Duration
+	commandRate       float64
+	commandBurst      int
+	now               func() time.Time
 	conn              textconn.Options
 }
 
@@ -119,6 +136,9 @@ func (s *Server) init() {
 			maxUnauthCommands: positive(s.MaxUnauthCommands, DefaultMaxUnauthCommands),
 			readTimeout:       positive(s.ReadTimeout, DefaultReadTimeout),
 			unauthTimeout:     positive(s.UnauthTimeout, DefaultUnauthTimeout),
+			commandRate:       positive(s.CommandRate, DefaultCommandRate),
+			commandBurst:      positive(s.CommandBurst, DefaultCommandBurst),
+			now:               s.Now,
 			conn: textconn.Options{
 				MaxLine:          positive(s.MaxLineLength, DefaultMaxLineLength),
 				WriteTimeout:     positive(s.WriteTimeout, DefaultWriteTimeout),
@@ -136,6 +156,9 @@ func (s *Server) init() {
 		}
 		if c.log == nil {
 			c.log = slog.Default()
+		}
+		if c.now == nil {
+			c.now = time.Now
 		}
 		name := s.Name
 		if name == "" {
@@ -158,7 +181,7 @@ func (s *Server) init() {
 	})
 }
 
-func positive[T int | int64 | time.Duration](v, def T) T {
+func positive[T int | int64 | float64 | time.Duration](v, def T) T {
 	if v > 0 {
 		return v
 	}
@@ -195,7 +218,8 @@ func (s *Server) handle(ctx context.Context, nc net.Conn, shutdown <-chan struct
 	conn := textconn.New(nc, s.cfg.conn)
 	stop := conn.WatchShutdown(shutdown)
 	defer stop()
-	sess := &session{cfg: &s.cfg, conn: conn, remote: conn.RemoteAddr(), shutdown: shutdown}
+	sess := &session{cfg: &s.cfg, conn: conn, remote: conn.RemoteAddr(), shutdown: shutdown,
+		commands: newCommandBucket(s.cfg.commandRate, s.cfg.commandBurst, s.cfg.now())}
 	sess.enc.w = conn
 	sess.log = s.cfg.log.With("session", strconv.FormatUint(s.session.Add(1), 10), "remote", sess.remote.String())
 	sess.serve(ctx)

@@ -42,6 +42,8 @@ type session struct {
 	view       View
 	errors     int // replies counted against MaxErrors
 	unauthCmds int
+	// commands is the per-connection command rate limit.
+	commands commandBucket
 	// saved is the SEARCHRES result (RFC 5182), as UIDs.
 	saved []uint32
 	// rev2 and qresync are enabled by ENABLE (RFC 5161); condstore by
@@ -258,6 +260,17 @@ func (s *session) command(ctx context.Context, line []byte) {
 			s.closing = true
 			return
 		}
+	}
+	if c.name != "LOGOUT" && !s.commands.take(s.cfg.now()) {
+		// Not counted against MaxErrors: the connection survives a burst;
+		// LOGOUT is always allowed, so a client can leave.
+		s.cfg.metrics.CommandError(label)
+		if derr := d.discard(); derr != nil {
+			s.abort(derr)
+			return
+		}
+		s.enc.raw(tag).raw(" NO [LIMIT] too many commands, slow down").crlf()
+		return
 	}
 	switch {
 	case !ok:
