@@ -30,11 +30,15 @@ type imapResult struct {
 	IdleDone      string   `json:"idle_done"`
 	IdlePushed    []string `json:"idle_pushed"`
 	IdleSubject   string   `json:"idle_subject"`
+	// Octets received under COMPRESS=DEFLATE, on the wire and inflated.
+	CompressWireIn  int `json:"compress_wire_in"`
+	CompressPlainIn int `json:"compress_plain_in"`
 }
 
 // TestIMAPPython drives the real binary's IMAP listener with Python's
 // imaplib over STARTTLS, and wakes its IDLE with a delivery through the
-// real SMTP listener.
+// real SMTP listener. Everything after LOGIN, IDLE included, runs under
+// COMPRESS=DEFLATE (zlib on the client side).
 func TestIMAPPython(t *testing.T) {
 	s := startServer(t, Options{})
 	user := "alice@" + s.Domain
@@ -85,6 +89,9 @@ func TestIMAPPython(t *testing.T) {
 
 	if !slices.Contains(r.CapsBeforeTLS, "STARTTLS") || !slices.Contains(r.Caps, "IDLE") || slices.Contains(r.Caps, "STARTTLS") {
 		t.Errorf("capabilities before TLS %v, after login %v", r.CapsBeforeTLS, r.Caps)
+	}
+	if !slices.Contains(r.Caps, "COMPRESS=DEFLATE") || r.CompressWireIn == 0 || r.CompressPlainIn <= r.CompressWireIn {
+		t.Errorf("COMPRESS=DEFLATE: capabilities %v, %d octets on the wire inflated to %d", r.Caps, r.CompressWireIn, r.CompressPlainIn)
 	}
 	for _, want := range []string{`\Sent`, `\Trash`, `"INBOX"`} {
 		if !strings.Contains(strings.Join(r.List, "\n"), strings.Trim(want, `"`)) {

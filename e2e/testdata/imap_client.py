@@ -3,7 +3,8 @@
 
 Usage: imap_client.py HOST PORT USER PASSWORD
 
-Logs in over STARTTLS, lists, creates, appends, selects, fetches, stores,
+Logs in over STARTTLS, starts COMPRESS=DEFLATE (RFC 4978: raw deflate
+both ways, zlib with wbits=-15, a sync flush after each send), lists, creates, appends, selects, fetches, stores,
 searches, copies, moves and expunges, then IDLEs: it prints the line
 "IDLING" and waits for the server to push EXISTS (the test delivers a
 message by SMTP when it reads that line). The last stdout line is one
@@ -16,6 +17,7 @@ import re
 import ssl
 import sys
 import time
+import zlib
 
 host, port, user, password = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 out = {}
@@ -34,6 +36,51 @@ ctx.verify_mode = ssl.CERT_NONE
 ok(M.starttls(ssl_context=ctx))
 ok(M.login(user, password))
 out["caps"] = sorted(M.capabilities)
+
+
+class Deflated:
+    """COMPRESS=DEFLATE under imaplib's read, readline and send."""
+
+    def __init__(self, m):
+        self.m = m
+        self.inflate = zlib.decompressobj(wbits=-15)
+        self.deflate = zlib.compressobj(wbits=-15)
+        self.buf = b""
+        self.wire_in = 0
+        self.plain_in = 0
+
+    def _fill(self):
+        data = self.m.file.read1(65536)
+        if not data:
+            return False
+        self.wire_in += len(data)
+        plain = self.inflate.decompress(data)
+        self.plain_in += len(plain)
+        self.buf += plain
+        return True
+
+    def read(self, size):
+        while len(self.buf) < size and self._fill():
+            pass
+        r, self.buf = self.buf[:size], self.buf[size:]
+        return r
+
+    def readline(self):
+        while b"\n" not in self.buf and self._fill():
+            pass
+        i = self.buf.find(b"\n")
+        end = len(self.buf) if i < 0 else i + 1
+        r, self.buf = self.buf[:end], self.buf[end:]
+        return r
+
+    def send(self, data):
+        self.m.sock.sendall(self.deflate.compress(data) + self.deflate.flush(zlib.Z_SYNC_FLUSH))
+
+
+imaplib.Commands.setdefault("COMPRESS", ("AUTH", "SELECTED"))
+ok(M._simple_command("COMPRESS", "DEFLATE"))
+z = Deflated(M)
+M.read, M.readline, M.send = z.read, z.readline, z.send
 
 out["list"] = [l.decode() for l in ok(M.list())]
 ok(M.create("Projects/Quill"))
@@ -86,5 +133,7 @@ while True:
 out["idle_pushed"] = pushed
 data = ok(M.fetch("*", "(BODY.PEEK[HEADER.FIELDS (SUBJECT)])"))
 out["idle_subject"] = data[0][1].decode().strip()
+out["compress_wire_in"] = z.wire_in
+out["compress_plain_in"] = z.plain_in
 M.logout()
 print(json.dumps(out))

@@ -8,6 +8,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // The decoder reads one command (RFC 9051 section 2.2.1, grammar in
@@ -81,6 +82,9 @@ type decoder struct {
 	// pending is the length of a refused non-synchronizing literal the
 	// client is sending anyway; discard drops it.
 	pending int64
+	// utf7 makes mailbox and listMailbox decode modified UTF-7 (an
+	// IMAP4rev1 session, utf7.go); otherwise they require UTF-8.
+	utf7 bool
 }
 
 func newDecoder(src source, line []byte, maxLiteral int64, maxLiterals int) *decoder {
@@ -307,16 +311,47 @@ func (d *decoder) nstring() (s string, ok bool, err error) {
 }
 
 // mailbox reads a mailbox name (RFC 9051 section 9: astring, with INBOX
-// case-insensitive; the caller canonicalises).
-func (d *decoder) mailbox() (string, error) { return d.astring() }
+// case-insensitive; the caller canonicalises) and returns its UTF-8 form.
+func (d *decoder) mailbox() (string, error) {
+	s, err := d.astring()
+	if err != nil {
+		return "", err
+	}
+	return d.mailboxText(s)
+}
 
-// listMailbox reads a LIST pattern: list-char atom (with % * ]) or string.
+// listMailbox reads a LIST pattern: list-char atom (with % * ]) or string,
+// converted as mailbox converts names.
 func (d *decoder) listMailbox() (string, error) {
+	var s string
+	var err error
 	switch d.peek() {
 	case '"', '{':
-		return d.str()
+		s, err = d.str()
+	default:
+		s, err = d.atom("%*]")
 	}
-	return d.atom("%*]")
+	if err != nil {
+		return "", err
+	}
+	return d.mailboxText(s)
+}
+
+// mailboxText converts a name or pattern as sent to UTF-8: modified UTF-7
+// in an IMAP4rev1 session (RFC 3501 section 5.1.3), UTF-8 as it stands in
+// an IMAP4rev2 one (RFC 9051 section 5.1). Anything else is BAD.
+func (d *decoder) mailboxText(s string) (string, error) {
+	if d.utf7 {
+		u, err := decodeMUTF7(s)
+		if err != nil {
+			return "", syntaxErr("mailbox name is not valid modified UTF-7")
+		}
+		return u, nil
+	}
+	if !utf8.ValidString(s) {
+		return "", syntaxErr("mailbox name is not UTF-8")
+	}
+	return s, nil
 }
 
 // list reads "(" [item *(SP item)] ")", calling item for each element.

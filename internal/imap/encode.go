@@ -3,7 +3,9 @@ package imap
 import (
 	"io"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // writer is where responses go: the connection's buffered writer.
@@ -51,6 +53,11 @@ func (e *encoder) str(s string) *encoder {
 		e.raw("{").num64(uint64(len(s))).raw("}\r\n")
 		return e.raw(s)
 	}
+	return e.quote(s)
+}
+
+// quote writes s as a quoted string; the caller has checked that it may be.
+func (e *encoder) quote(s string) *encoder {
 	e.raw(`"`)
 	start := 0
 	for i := 0; i < len(s); i++ {
@@ -73,6 +80,24 @@ func (e *encoder) astring(s string) *encoder {
 		}
 	}
 	return e.raw(s)
+}
+
+// mailbox writes a stored (UTF-8) mailbox name as a session names it
+// (utf7.go): in modified UTF-7 for IMAP4rev1, else in UTF-8, which
+// IMAP4rev2 allows in quoted strings (RFC 9051 section 9, QUOTED-CHAR).
+func (e *encoder) mailbox(name string, rev2 bool) *encoder {
+	if !rev2 {
+		return e.astring(encodeMUTF7(name))
+	}
+	if len(name) > 1024 || !utf8.ValidString(name) || strings.ContainsAny(name, "\x00\r\n") {
+		return e.astring(name)
+	}
+	for i := 0; i < len(name); i++ {
+		if name[i] >= 0x80 {
+			return e.quote(name)
+		}
+	}
+	return e.astring(name)
 }
 
 func stringsEqualFoldNIL(s string) bool {

@@ -34,6 +34,7 @@ var update = flag.Bool("update", false, "rewrite the S: lines of testdata/*.txt 
 //	                      continuation request) follows
 //	S[n]: line            expected server line (rewritten by -update)
 //	!tls [n]              TLS handshake after OK to STARTTLS
+//	!compress [n]         raw deflate both ways after OK to COMPRESS
 //	!read [n]             read one more server line (IDLE pushes)
 //	!deliver user subject deliver a message to user's INBOX, as SMTP does
 //	!quota user octets    set user's quota (0: unlimited), as the operator does
@@ -202,6 +203,8 @@ func runTranscript(t *testing.T, script string) string {
 			emit(arg, c.readLines()...)
 		case "tls":
 			session(arg).startTLS(clientTLS)
+		case "compress":
+			session(arg).compress()
 		case "read":
 			emit(arg, session(arg).readLines()...)
 		case "deliver":

@@ -82,7 +82,7 @@ func (s *session) list(ctx context.Context, d *decoder, c *command, lsub bool) (
 		if i := strings.Index(ref, mailbox.Delimiter); i >= 0 {
 			root = ref[:i+1]
 		}
-		s.enc.raw("* ").raw(word).raw(` (\Noselect) "/" `).astring(root).crlf()
+		s.enc.raw("* ").raw(word).raw(` (\Noselect) "/" `).mailbox(root, s.rev2).crlf()
 		return word + " completed", nil
 	}
 	infos, err := s.mboxes.List(ctx)
@@ -138,7 +138,7 @@ func (s *session) list(ctx context.Context, d *decoder, c *command, lsub bool) (
 		if (opt.subscribed || opt.retSubscribed) && !lsub && e.info != nil && e.info.Subscribed {
 			attrs = append(attrs, `\Subscribed`)
 		}
-		s.enc.raw(strings.Join(attrs, " ")).raw(`) "/" `).astring(e.name)
+		s.enc.raw(strings.Join(attrs, " ")).raw(`) "/" `).mailbox(e.name, s.rev2)
 		if !selected {
 			s.enc.raw(` ("CHILDINFO" ("SUBSCRIBED"))`)
 		}
@@ -241,7 +241,7 @@ func (s *session) listSelected(ctx context.Context, name string) error {
 	name = mailbox.CanonicalName(name)
 	for _, e := range hierarchy(infos) {
 		if e.name == name {
-			s.enc.raw("* LIST (").raw(strings.Join(listAttrs(e, false), " ")).raw(`) "/" `).astring(e.name).crlf()
+			s.enc.raw("* LIST (").raw(strings.Join(listAttrs(e, false), " ")).raw(`) "/" `).mailbox(e.name, s.rev2).crlf()
 			return nil
 		}
 	}

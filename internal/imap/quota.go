@@ -72,7 +72,7 @@ func (s *session) cmdGetQuotaRoot(ctx context.Context, d *decoder, c *command) (
 	if err != nil {
 		return "", err
 	}
-	s.enc.raw("* QUOTAROOT ").astring(info.Name)
+	s.enc.raw("* QUOTAROOT ").mailbox(info.Name, s.rev2)
 	if q.Limit > 0 {
 		s.enc.sp().str(quotaRoot).crlf()
 		s.writeQuota(q)

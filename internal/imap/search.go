@@ -205,8 +205,9 @@ type searchReturn struct {
 }
 
 // cmdSearch: RFC 3501 section 6.4.4, with ESEARCH (RFC 4731), SEARCHRES
-// (RFC 5182) and CHARSET UTF-8. Header keys match unfolded raw field
-// values, case-insensitively; BODY and TEXT read the stored message.
+// (RFC 5182) and CHARSET UTF-8. Header keys match the decoded text of
+// every field of that name, case-insensitively (searchtext.go); BODY and
+// TEXT read the stored message.
 func (s *session) cmdSearch(ctx context.Context, d *decoder, c *command) (string, error) {
 	if err := d.sp(); err != nil {
 		return "", err
@@ -572,8 +573,7 @@ func (ev *evaluator) match(k searchKey) (bool, error) {
 		if err := ev.open(); err != nil {
 			return false, err
 		}
-		v, ok := headerValue(ev.hdr, k.field)
-		return ok && containsFold(v, k.value), nil
+		return headerFieldsMatch(ev.hdr, k.field, k.value), nil
 	case "BODY", "TEXT":
 		if err := ev.open(); err != nil {
 			return false, err
@@ -694,12 +694,6 @@ func headerValue(hdr []byte, name string) (string, bool) {
 		}
 	}
 	return string(val), found
-}
-
-// containsFold reports whether s contains sub, case-insensitively
-// (Unicode simple folding).
-func containsFold(s, sub string) bool {
-	return strings.Contains(strings.ToLower(s), strings.ToLower(sub))
 }
 
 // streamContains reports whether r contains sub (ASCII case-insensitive

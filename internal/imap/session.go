@@ -50,6 +50,8 @@ type session struct {
 	// ENABLE or by the first CONDSTORE-enabling command (RFC 7162 section
 	// 3.1), and by qresync. None is ever disabled.
 	rev2, condstore, qresync bool
+	// compressed is set once COMPRESS=DEFLATE is active (RFC 4978).
+	compressed bool
 	// closing ends the session after the current response.
 	closing bool
 	// buf is scratch space for responses rendered by internal/mime.
@@ -95,6 +97,7 @@ func init() {
 		"LOGOUT":       {states: inAny, run: (*session).cmdLogout},
 		"ID":           {states: inAny, run: (*session).cmdID},
 		"STARTTLS":     {states: inNotAuth, run: (*session).cmdStartTLS},
+		"COMPRESS":     {states: inLoggedIn, run: (*session).cmdCompress},
 		"LOGIN":        {states: inNotAuth, run: (*session).cmdLogin},
 		"AUTHENTICATE": {states: inNotAuth, run: (*session).cmdAuthenticate},
 		"ENABLE":       {states: inAuth, run: (*session).cmdEnable},
@@ -218,6 +221,7 @@ func (s *session) countError() bool {
 // command decodes and runs one command line.
 func (s *session) command(ctx context.Context, line []byte) {
 	d := newDecoder(s, line, s.cfg.maxLiteral, DefaultMaxLiterals)
+	d.utf7 = !s.rev2
 	tag, err := d.atom("]")
 	if err != nil || strings.IndexByte(tag, '+') >= 0 {
 		s.cfg.metrics.Command("unknown")

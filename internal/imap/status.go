@@ -68,7 +68,7 @@ func (s *session) writeStatus(ctx context.Context, name string, items []string) 
 	if err != nil {
 		return err
 	}
-	s.enc.raw("* STATUS ").astring(info.Name).raw(" (")
+	s.enc.raw("* STATUS ").mailbox(info.Name, s.rev2).raw(" (")
 	for i, it := range items {
 		if i > 0 {
 			s.enc.sp()

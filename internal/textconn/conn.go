@@ -53,8 +53,15 @@ const DefaultMaxLine = 8192
 // while reads through Reader() renew the deadline on every network read
 // (bodies are long; only a stalled peer times out).
 type Conn struct {
-	raw    net.Conn // the accepted connection, counting bytes; deadlines are set on it
-	nc     net.Conn // raw, or the *tls.Conn over it
+	raw net.Conn // the accepted connection, counting bytes; deadlines are set on it
+	nc  net.Conn // raw, or the *tls.Conn over it
+	// rw is the byte stream under br and bw: nc, or what Wrap put over it.
+	rw io.ReadWriter
+	// wrapped is set by Wrap; TLS can no longer start beneath the wrapper.
+	wrapped bool
+	// dirty is set when bytes went into rw since its last Flush, so that
+	// an idle Flush does not make a wrapper emit an empty block.
+	dirty  bool
 	br     *bufio.Reader
 	bw     *bufio.Writer
 	opts   Options
@@ -85,6 +92,7 @@ func New(c net.Conn, opts Options) *Conn {
 		tc.raw = &countingConn{Conn: c, m: opts.Metrics}
 	}
 	tc.nc = tc.raw
+	tc.rw = tc.raw
 	tc.remote = addrPort(c.RemoteAddr())
 	// The buffer must hold a maximal line plus CRLF so that ReadSlice can
 	// return it whole; 4 KiB keeps syscalls few for short lines.
@@ -117,17 +125,22 @@ func (r deadlineReader) Read(p []byte) (int, error) {
 	if !c.lineDeadline && c.readTimeout > 0 {
 		_ = c.raw.SetReadDeadline(time.Now().Add(c.readTimeout))
 	}
-	return c.nc.Read(p)
+	return c.rw.Read(p)
 }
 
 // deadlineWriter applies WriteTimeout to each network write.
 type deadlineWriter struct{ c *Conn }
 
 func (w deadlineWriter) Write(p []byte) (int, error) {
-	if w.c.opts.WriteTimeout > 0 {
-		_ = w.c.raw.SetWriteDeadline(time.Now().Add(w.c.opts.WriteTimeout))
+	w.c.setWriteDeadline()
+	w.c.dirty = true
+	return w.c.rw.Write(p)
+}
+
+func (c *Conn) setWriteDeadline() {
+	if c.opts.WriteTimeout > 0 {
+		_ = c.raw.SetWriteDeadline(time.Now().Add(c.opts.WriteTimeout))
 	}
-	return w.c.nc.Write(p)
 }
 
 // ReadLine returns the next line without its CRLF (a bare LF also ends a
@@ -225,7 +238,49 @@ func (c *Conn) Write(p []byte) (int, error) { return c.bw.Write(p) }
 func (c *Conn) WriteString(s string) (int, error) { return c.bw.WriteString(s) }
 
 // Flush writes buffered output, each network write bounded by WriteTimeout.
-func (c *Conn) Flush() error { return c.bw.Flush() }
+// A stream installed by Wrap that has a Flush() error method is flushed
+// too, after any output since its last flush.
+func (c *Conn) Flush() error {
+	if err := c.bw.Flush(); err != nil {
+		return err
+	}
+	if f, ok := c.rw.(interface{ Flush() error }); ok && c.dirty {
+		c.setWriteDeadline()
+		if err := f.Flush(); err != nil {
+			return err
+		}
+	}
+	c.dirty = false
+	return nil
+}
+
+// ErrPipelined is returned by Wrap when input beyond the command that asked
+// for the new stream has already been read: those bytes were sent under the
+// old encoding, and a client may not pipeline past such a command
+// (RFC 4978 section 3).
+var ErrPipelined = errors.New("textconn: input pipelined past a stream change")
+
+// Wrap replaces the byte stream under the connection's buffers with
+// f(current), for a layer such as COMPRESS=DEFLATE (RFC 4978): buffered
+// output is flushed through the old stream first, and it refuses with
+// ErrPipelined, changing nothing, while input is buffered. The new stream
+// sits above TLS when TLS is active, and StartTLS is refused afterwards.
+// Deadlines still apply to the network connection beneath it. If the new
+// stream has a Flush() error method, Flush calls it after writing, so a
+// compressor sends each response burst at once. On a flush error the
+// connection is unusable and must be closed.
+func (c *Conn) Wrap(f func(io.ReadWriter) io.ReadWriter) error {
+	if c.br.Buffered() > 0 {
+		return ErrPipelined
+	}
+	if err := c.Flush(); err != nil {
+		return err
+	}
+	c.rw = f(c.rw)
+	c.wrapped = true
+	c.dirty = false
+	return nil
+}
 
 // StartTLS runs the server side of a TLS handshake on the connection,
 // bounded by HandshakeTimeout. Output must have been flushed. Any plaintext
@@ -237,6 +292,9 @@ func (c *Conn) Flush() error { return c.bw.Flush() }
 func (c *Conn) StartTLS(cfg *tls.Config) error {
 	if c.tls != nil {
 		return errors.New("textconn: TLS already active")
+	}
+	if c.wrapped {
+		return errors.New("textconn: StartTLS beneath a wrapped stream")
 	}
 	if c.bw.Buffered() > 0 {
 		return errors.New("textconn: StartTLS with unflushed output")
@@ -257,6 +315,7 @@ func (c *Conn) StartTLS(cfg *tls.Config) error {
 	}
 	st := tc.ConnectionState()
 	c.nc = tc
+	c.rw = tc
 	c.tls = &st
 	return nil
 }
