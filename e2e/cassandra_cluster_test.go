@@ -13,27 +13,42 @@ import (
 	"testing"
 )
 
-// startCassandra starts a throw-away cluster with scripts/cassandra (1 node,
-// or 3 with QUILL_CASSANDRA_NODES=3) and stops it when t ends; it returns
-// the contact points and the node count. QUILL_CASSANDRA=off skips the test
-// explicitly; a cluster that cannot start fails it.
-func startCassandra(t *testing.T) ([]string, int) {
+// cassandraCluster is a Cassandra cluster a test runs against.
+type cassandraCluster struct {
+	hosts  []string // contact points, host:port
+	nodes  int
+	dir    string // the scripts/cassandra DIR; kill and restart need it
+	script string // absolute path of scripts/cassandra
+}
+
+// useCassandra returns the cluster the test runs against: the running one
+// named by QUILL_CASSANDRA_HOSTS (with QUILL_CASSANDRA_NODES and, for tests
+// that kill nodes, QUILL_CASSANDRA_DIR: scripts/test shares one 3-node
+// cluster between the engine's and these tests), or else a new one that is
+// stopped when t ends.
+func useCassandra(t *testing.T) *cassandraCluster {
 	t.Helper()
 	if os.Getenv("QUILL_CASSANDRA") == "off" {
 		t.Skip("QUILL_CASSANDRA=off")
-	}
-	nodes := 1
-	if os.Getenv("QUILL_CASSANDRA_NODES") == "3" {
-		nodes = 3
-	}
-	dir, err := os.MkdirTemp("", "quill-e2e-cassandra-")
-	if err != nil {
-		t.Fatal(err)
 	}
 	script, err := filepath.Abs(filepath.Join("..", "scripts", "cassandra"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	c := &cassandraCluster{nodes: 1, script: script}
+	if os.Getenv("QUILL_CASSANDRA_NODES") == "3" {
+		c.nodes = 3
+	}
+	if h := os.Getenv("QUILL_CASSANDRA_HOSTS"); h != "" {
+		c.hosts = strings.Split(h, ",")
+		c.dir = os.Getenv("QUILL_CASSANDRA_DIR")
+		return c
+	}
+	dir, err := os.MkdirTemp("", "quill-e2e-cassandra-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.dir = dir
 	t.Cleanup(func() {
 		stop := exec.Command(script, "stop", dir)
 		if out, err := stop.CombinedOutput(); err != nil {
@@ -45,16 +60,56 @@ func startCassandra(t *testing.T) ([]string, int) {
 		}
 		os.RemoveAll(dir)
 	})
-	native, storage := freeLoopbackPort(t, nodes), freeLoopbackPort(t, nodes)
+	native, storage := freeLoopbackPort(t, c.nodes), freeLoopbackPort(t, c.nodes)
+	for storage == native {
+		storage = freeLoopbackPort(t, c.nodes)
+	}
 	var stderr bytes.Buffer
-	start := exec.Command(script, "start", dir, "--nodes", strconv.Itoa(nodes),
+	start := exec.Command(script, "start", dir, "--nodes", strconv.Itoa(c.nodes),
 		"--native-port", strconv.Itoa(native), "--storage-port", strconv.Itoa(storage))
 	start.Stderr = &stderr
 	out, err := start.Output()
 	if err != nil {
 		t.Fatalf("scripts/cassandra start: %v\n%s", err, stderr.String())
 	}
-	return strings.Split(strings.TrimSpace(string(out)), ","), nodes
+	c.hosts = strings.Split(strings.TrimSpace(string(out)), ",")
+	return c
+}
+
+// run runs scripts/cassandra SUB DIR ARGS... (kill, restart, logs) on c.
+func (c *cassandraCluster) run(t testing.TB, sub string, args ...string) error {
+	t.Helper()
+	if c.dir == "" {
+		return fmt.Errorf("scripts/cassandra %s: the cluster's directory is unknown (set QUILL_CASSANDRA_DIR with QUILL_CASSANDRA_HOSTS)", sub)
+	}
+	out, err := exec.Command(c.script, append([]string{sub, c.dir}, args...)...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("scripts/cassandra %s %s: %w\n%s", sub, strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// config writes a quill.toml for the cluster with the given keyspace and
+// extra [store.cassandra] lines, and returns its path.
+func (c *cassandraCluster) config(t testing.TB, keyspace, extra string) string {
+	t.Helper()
+	quoted := make([]string, len(c.hosts))
+	for i, h := range c.hosts {
+		quoted[i] = strconv.Quote(h)
+	}
+	conf := fmt.Sprintf(`[store]
+engine = "cassandra"
+
+[store.cassandra]
+hosts = [%s]
+keyspace = %q
+replication_factor = %d
+%s`, strings.Join(quoted, ", "), keyspace, c.nodes, extra)
+	path := filepath.Join(t.TempDir(), "quill.toml")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // freeLoopbackPort returns a TCP port free on 127.0.0.1..127.0.0.n.
@@ -86,31 +141,27 @@ func freeLoopbackPort(t *testing.T, n int) int {
 // TestCassandraThreeNodesOneMailbox runs three quill serve processes on one
 // keyspace and delivers concurrently through all three SMTP listeners into
 // one mailbox; then POP3 on one node must show every acknowledged message
-// exactly once, byte-exact, in strictly increasing UID order.
+// exactly once, byte-exact, in strictly increasing UID order. The user
+// and an alias are created by the CLI straight on the keyspace before any
+// server runs, and `quill check --config` passes after the servers stop.
 func TestCassandraThreeNodesOneMailbox(t *testing.T) {
-	hosts, nodes := startCassandra(t)
-	cfg := filepath.Join(t.TempDir(), "quill.toml")
-	quoted := make([]string, len(hosts))
-	for i, h := range hosts {
-		quoted[i] = strconv.Quote(h)
+	c := useCassandra(t)
+	cfg := c.config(t, fmt.Sprintf("e2e_%d", os.Getpid()), "")
+	// The CLI opens the keyspace itself when no server runs.
+	const user, pass = "hot@example.test", "hot-password-1"
+	cli := t.TempDir() // a data directory without a server's admin.addr
+	mustQuill(t, pass+"\n", "user", "add", user, "--config", cfg, "--data", cli)
+	mustQuill(t, "", "alias", "add", "hotter@example.test", user, "--config", cfg, "--data", cli)
+	if out := mustQuill(t, "", "user", "list", "--config", cfg, "--data", cli); !strings.Contains(out, user) {
+		t.Fatalf("quill user list on cassandra = %q, want %s listed", out, user)
 	}
-	conf := fmt.Sprintf(`[store]
-engine = "cassandra"
-
-[store.cassandra]
-hosts = [%s]
-keyspace = "e2e_%d"
-replication_factor = %d
-`, strings.Join(quoted, ", "), os.Getpid(), nodes)
-	if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
+	if out := mustQuill(t, "", "alias", "list", "--config", cfg, "--data", cli); !strings.Contains(out, "hotter@example.test") {
+		t.Fatalf("quill alias list on cassandra = %q, want the alias listed", out)
 	}
 	var servers []*Server
 	for i := 0; i < 3; i++ {
 		servers = append(servers, startServer(t, Options{ConfigFile: cfg}))
 	}
-	const user, pass = "hot@example.test", "hot-password-1"
-	addUser(t, servers[0], user, pass)
 
 	const each = 15
 	type sent struct {
@@ -130,8 +181,12 @@ replication_factor = %d
 			defer wg.Done()
 			for j := 0; j < each; j++ {
 				tok := fmt.Sprintf("n%d-m%d-%s", i, j, token())
-				msg := testMessage("sender@remote.test", user, "cluster "+tok, tok)
-				if err := smtpSend(addr, false, "sender@remote.test", []string{user}, msg); err != nil {
+				rcpt := user
+				if j%5 == 0 {
+					rcpt = "hotter@example.test" // the alias the CLI made
+				}
+				msg := testMessage("sender@remote.test", rcpt, "cluster "+tok, tok)
+				if err := smtpSend(addr, false, "sender@remote.test", []string{rcpt}, msg); err != nil {
 					errs <- fmt.Errorf("node %d message %d: %w", i, j, err)
 					continue
 				}
@@ -162,5 +217,12 @@ replication_factor = %d
 		if err := checkDelivered(found[0], a.msg); err != nil {
 			t.Errorf("message %s: %v", a.tok, err)
 		}
+	}
+	for _, s := range servers {
+		s.Stop(t)
+	}
+	out, err := Quill(t, "", "check", "--config", cfg)
+	if err != nil || !strings.Contains(out, "store consistent") {
+		t.Errorf("quill check --config on the keyspace after the load: %v\n%s", err, out)
 	}
 }

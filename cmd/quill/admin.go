@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -18,18 +19,19 @@ import (
 
 	"quill/internal/admin"
 	"quill/internal/auth"
+	"quill/internal/config"
 	"quill/internal/server"
-	"quill/internal/store/embedded"
 )
 
 // target says where user and alias commands act.
 type target struct {
-	data, adminAddr, tokenFile *string
+	config, data, adminAddr, tokenFile *string
 }
 
 func addTargetFlags(fs *flag.FlagSet) target {
 	return target{
-		data:      fs.String("data", "./quill-data", "data directory"),
+		config:    fs.String("config", "", "TOML configuration file: its data_dir and [store] (optional)"),
+		data:      fs.String("data", "", "data directory (default: the configuration's data_dir, ./quill-data)"),
 		adminAddr: fs.String("admin-addr", "", "admin API of a running server (host:port)"),
 		tokenFile: fs.String("admin-token-file", "", "file holding the admin API token (default DATA/"+server.AdminTokenFile+")"),
 	}
@@ -37,11 +39,15 @@ func addTargetFlags(fs *flag.FlagSet) target {
 
 // open returns the directory to act on: the admin API of a running server
 // (named by --admin-addr, or found through DATA/admin.addr), else the store
-// in DATA opened directly.
-func (t target) open() (admin.Directory, func(), error) {
+// the configuration names opened directly (see openStore).
+func (t target) open(stderr io.Writer) (admin.Directory, func(), error) {
+	cfg, err := adminConfig(*t.config, *t.data)
+	if err != nil {
+		return nil, nil, err
+	}
 	addr := *t.adminAddr
 	if addr == "" {
-		if b, err := os.ReadFile(filepath.Join(*t.data, server.AdminAddrFile)); err == nil {
+		if b, err := os.ReadFile(filepath.Join(cfg.DataDir, server.AdminAddrFile)); err == nil {
 			candidate := strings.TrimSpace(string(b))
 			if c, err := net.DialTimeout("tcp", candidate, 2*time.Second); err == nil {
 				c.Close()
@@ -54,7 +60,7 @@ func (t target) open() (admin.Directory, func(), error) {
 	if addr != "" {
 		tokenFile := *t.tokenFile
 		if tokenFile == "" {
-			tokenFile = filepath.Join(*t.data, server.AdminTokenFile)
+			tokenFile = filepath.Join(cfg.DataDir, server.AdminTokenFile)
 		}
 		token := os.Getenv("QUILL_ADMIN_TOKEN")
 		if token == "" {
@@ -66,21 +72,55 @@ func (t target) open() (admin.Directory, func(), error) {
 		}
 		return &admin.Client{Addr: addr, Token: token}, func() {}, nil
 	}
-	st, err := openStore(*t.data)
+	st, err := openStore(cfg, stderr)
 	if err != nil {
 		return nil, nil, err
 	}
 	return &auth.Directory{Store: st}, func() { st.Close() }, nil
 }
 
-func openStore(data string) (*embedded.Engine, error) {
-	dir := filepath.Join(data, server.StoreDir)
-	if _, err := os.Stat(data); err != nil {
+// adminConfig is the configuration the admin commands act on: the file
+// (or the defaults), with data overriding its data_dir when not "".
+func adminConfig(file, data string) (config.Config, error) {
+	cfg := config.Default()
+	if file != "" {
+		var err error
+		if cfg, err = config.Load(file); err != nil {
+			return config.Config{}, err
+		}
+	}
+	if data != "" {
+		cfg.DataDir = data
+	}
+	return cfg, nil
+}
+
+// adminStore is what the admin commands need of a storage engine.
+type adminStore interface {
+	auth.DirectoryStore
+	Check(ctx context.Context) ([]string, error)
+	Close() error
+}
+
+// openStore opens the engine cfg names, exactly as quill serve does
+// (server.OpenStore). The embedded engine admits one process: it fails
+// while a server holds the data directory. The Cassandra engine is shared
+// by any number of processes, so it opens whether or not servers run.
+func openStore(cfg config.Config, stderr io.Writer) (adminStore, error) {
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if cfg.Store.Engine == "cassandra" {
+		st, err := server.OpenStore(cfg, log, nil)
+		if err != nil {
+			return nil, fmt.Errorf("opening cassandra keyspace %s: %w", cfg.Store.Cassandra.Keyspace, err)
+		}
+		return st, nil
+	}
+	if _, err := os.Stat(cfg.DataDir); err != nil {
 		return nil, fmt.Errorf("data directory: %w", err)
 	}
-	st, err := embedded.Open(dir, embedded.Options{})
+	st, err := server.OpenStore(cfg, log, nil)
 	if err != nil {
-		return nil, fmt.Errorf("%w (is a server running on %s without an admin listener?)", err, data)
+		return nil, fmt.Errorf("%w (is a server running on %s without an admin listener?)", err, cfg.DataDir)
 	}
 	return st, nil
 }
@@ -120,7 +160,7 @@ func userCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if need == 0 || len(pos) != need {
 		return usageError("usage: quill user add|del|passwd ADDRESS | quill user list")
 	}
-	d, done, err := t.open()
+	d, done, err := t.open(stderr)
 	if err != nil {
 		return err
 	}
@@ -172,7 +212,7 @@ func aliasCmd(args []string, stdout, stderr io.Writer) error {
 	if need == 0 || len(pos) != need {
 		return usageError("usage: quill alias add ALIAS TARGET | quill alias del ALIAS | quill alias list")
 	}
-	d, done, err := t.open()
+	d, done, err := t.open(stderr)
 	if err != nil {
 		return err
 	}
@@ -198,11 +238,16 @@ func aliasCmd(args []string, stdout, stderr io.Writer) error {
 func checkCmd(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	data := fs.String("data", "./quill-data", "data directory")
+	configFile := fs.String("config", "", "TOML configuration file: its data_dir and [store] (optional)")
+	data := fs.String("data", "", "data directory (default: the configuration's data_dir, ./quill-data)")
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
-	st, err := openStore(*data)
+	cfg, err := adminConfig(*configFile, *data)
+	if err != nil {
+		return err
+	}
+	st, err := openStore(cfg, stderr)
 	if err != nil {
 		return err
 	}
@@ -215,7 +260,7 @@ func checkCmd(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stdout, p)
 	}
 	if len(problems) > 0 {
-		return fmt.Errorf("store in %s: %d problems", *data, len(problems))
+		return fmt.Errorf("store: %d problems", len(problems))
 	}
 	fmt.Fprintln(stdout, "store consistent")
 	return nil

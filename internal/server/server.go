@@ -17,7 +17,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,8 +33,6 @@ import (
 	"quill/internal/pop3"
 	"quill/internal/smtp"
 	"quill/internal/store"
-	"quill/internal/store/cassandra"
-	"quill/internal/store/embedded"
 	"quill/internal/textconn"
 )
 
@@ -343,52 +340,7 @@ func (s *Server) closeAll() {
 	}
 }
 
-// openStore opens the engine cfg.Store.Engine names. It returns a nil
-// interface (never a typed nil) on error, so closeAll can test for nil.
+// openStore opens the configured engine (see OpenStore).
 func (s *Server) openStore() (store.Store, error) {
-	cfg := s.cfg
-	log := s.log.With("component", "store")
-	if cfg.Store.Engine != "cassandra" {
-		e, err := embedded.Open(filepath.Join(cfg.DataDir, StoreDir), embedded.Options{
-			Logger: log, Registerer: s.reg, CacheBytes: cfg.Store.CacheBytes,
-		})
-		if err != nil {
-			return nil, err
-		}
-		return e, nil
-	}
-	c := cfg.Store.Cassandra
-	opts := cassandra.Options{
-		Hosts: c.Hosts, Keyspace: c.Keyspace, Username: c.Username, Password: c.Password,
-		ConnectTimeout: c.ConnectTimeout.Duration, Timeout: c.Timeout.Duration, Logger: log,
-		Replication: map[string]string{"class": c.ReplicationClass},
-	}
-	if c.ReplicationClass == "SimpleStrategy" {
-		opts.Replication["replication_factor"] = strconv.Itoa(c.ReplicationFactor)
-	}
-	for dc, f := range c.Datacenters {
-		opts.Replication[dc] = strconv.Itoa(f)
-	}
-	var err error
-	if opts.ReadConsistency, err = cassandra.ParseConsistency(c.ReadConsistency); err != nil {
-		return nil, err
-	}
-	if opts.WriteConsistency, err = cassandra.ParseConsistency(c.WriteConsistency); err != nil {
-		return nil, err
-	}
-	if opts.SerialConsistency, err = cassandra.ParseConsistency(c.SerialConsistency); err != nil {
-		return nil, err
-	}
-	if c.TLS {
-		if opts.TLS, err = cassandra.TLSConfig(c.CAFile, c.CertFile, c.KeyFile, c.ServerName); err != nil {
-			return nil, err
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	e, err := cassandra.Open(ctx, opts)
-	if err != nil {
-		return nil, err
-	}
-	return e, nil
+	return OpenStore(s.cfg, s.log.With("component", "store"), s.reg)
 }

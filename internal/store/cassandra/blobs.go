@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"time"
 
 	"quill/internal/store"
@@ -33,7 +34,10 @@ func (e *Engine) PutBlob(ctx context.Context, r io.Reader, maxSize int64) (store
 		return store.ID{}, 0, err
 	}
 	for {
-		n, err := io.ReadFull(r, buf)
+		n, end, err := fillChunk(r, buf)
+		if err != nil {
+			return fail(fmt.Errorf("reading body: %w", err))
+		}
 		if n > 0 {
 			size += int64(n)
 			if maxSize > 0 && size > maxSize {
@@ -45,11 +49,8 @@ func (e *Engine) PutBlob(ctx context.Context, r io.Reader, maxSize int64) (store
 			}
 			chunks++
 		}
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		if end {
 			break
-		}
-		if err != nil {
-			return fail(fmt.Errorf("reading body: %w", err))
 		}
 	}
 	if err := e.write(ctx, `INSERT INTO blobs (id, size, chunks, created) VALUES (?, ?, ?, ?)`,
@@ -59,8 +60,30 @@ func (e *Engine) PutBlob(ctx context.Context, r io.Reader, maxSize int64) (store
 	return id, size, nil
 }
 
+// fillChunk reads into buf until it is full or r ends, and reports whether
+// r ended. Only io.EOF ends r: io.ReadFull would turn a reader's own
+// io.ErrUnexpectedEOF (an SMTP client gone mid-DATA) into a short last
+// chunk, storing a truncated body as if it were whole.
+func fillChunk(r io.Reader, buf []byte) (n int, end bool, err error) {
+	for n < len(buf) {
+		m, err := r.Read(buf[n:])
+		n += m
+		if err == io.EOF {
+			return n, true, nil
+		}
+		if err != nil {
+			return n, false, err
+		}
+	}
+	return n, false, nil
+}
+
+// blobInfo reads a blob's row; a blob being released is not found.
 func (e *Engine) blobInfo(ctx context.Context, id store.ID) (size int64, chunks int, err error) {
 	err = e.read(ctx, `SELECT size, chunks FROM blobs WHERE id = ?`, id[:]).Scan(&size, &chunks)
+	if err == nil && chunks == doomed {
+		return 0, 0, fmt.Errorf("blob %s: %w (being released)", id, store.ErrNotFound)
+	}
 	return size, chunks, wrap("blob "+id.String(), err)
 }
 
@@ -78,15 +101,58 @@ func (e *Engine) deleteBlob(ctx context.Context, id store.ID, chunks int) error 
 	return wrap("unmarking blob", e.write(ctx, `DELETE FROM pending_blobs WHERE shard = ? AND id = ?`, blobShard(id), id[:]).Exec())
 }
 
-// releaseBlob deletes a blob that no message references any more.
-func (e *Engine) releaseBlob(ctx context.Context, id store.ID) error {
+// Sharing a blob safely: claims and doom.
+//
+// Invariant: no committed message references a deleted blob. An Append
+// may reference a blob whose other references are being expunged at the
+// same moment (one delivery's recipients are appended concurrently, and a
+// POP3 or IMAP session on another node may expunge the first copy before
+// the last append; so may a COPY racing an expunge), so the reference
+// check and the release must exclude each other:
+//
+//	Append:  write claim (a blob_refs row with a negative UID)
+//	         read the blob row: missing or doomed -> ErrNotFound
+//	         commit and apply (the real blob_refs rows); delete the claim
+//	release: no blob_refs row -> LWT: doom the row (chunks = -1)
+//	         read blob_refs again: a claim -> LWT: undoom, keep the blob
+//	         none -> delete the chunks, the mark and the row
+//
+// Each side writes, then reads what the other writes (both at the write
+// and read consistency, R + W > RF), so at least one sees the other: an
+// Append that found the row intact has its claim seen by the releaser, and
+// a releaser that saw no claim doomed the row before the Append could read
+// it. The doom is an LWT so that two releasers (two expunges of the last
+// two copies, or a roll-forward beside its slow original) cannot both act:
+// one owns the doom, the other leaves the blob to it.
+//
+// An Append that loses this race fails with ErrNotFound (the delivery
+// answers 451 and the client retries: at most a duplicate, never a loss).
+// Rejected: keeping every blob until its PutBlob mark expires (the store
+// contract releases a blob when its last reference goes), and an LWT on
+// every Append (a Paxos round per recipient on the delivery path; here the
+// LWT is paid once per blob released, on the expunge path).
+
+// doomed is the chunks value of a blob being released.
+const doomed = -1
+
+// blobReferenced reports whether any message or in-flight Append holds id.
+func (e *Engine) blobReferenced(ctx context.Context, id store.ID) (bool, error) {
 	var mbox []byte
 	err := e.read(ctx, `SELECT mailbox FROM blob_refs WHERE id = ? LIMIT 1`, id[:]).Scan(&mbox)
 	if err == nil {
-		return nil // still referenced
+		return true, nil
 	}
-	if !isDriverNotFound(err) {
-		return wrap("reading blob references", err)
+	if isDriverNotFound(err) {
+		return false, nil
+	}
+	return false, wrap("reading blob references", err)
+}
+
+// releaseBlob deletes a blob that no message references any more (see
+// above).
+func (e *Engine) releaseBlob(ctx context.Context, id store.ID) error {
+	if ref, err := e.blobReferenced(ctx, id); err != nil || ref {
+		return err
 	}
 	_, chunks, err := e.blobInfo(ctx, id)
 	if isNotFound(err) {
@@ -95,7 +161,53 @@ func (e *Engine) releaseBlob(ctx context.Context, id store.ID) error {
 	if err != nil {
 		return err
 	}
+	applied, err := e.cas(ctx, `UPDATE blobs SET chunks = ? WHERE id = ? IF chunks = ?`, doomed, id[:], chunks).MapScanCAS(map[string]any{})
+	if err != nil {
+		return wrap("dooming blob", err) // its state is for the next release or the operator's Check
+	}
+	if !applied {
+		return nil // another releaser owns it
+	}
+	ref, err := e.blobReferenced(ctx, id)
+	if err != nil || ref {
+		// Claimed meanwhile (or unknown): keep it.
+		if _, uerr := e.cas(ctx, `UPDATE blobs SET chunks = ? WHERE id = ? IF chunks = ?`, chunks, id[:], doomed).MapScanCAS(map[string]any{}); uerr != nil {
+			return errors.Join(err, wrap("restoring a claimed blob", uerr))
+		}
+		return err
+	}
 	return e.deleteBlob(ctx, id, chunks)
+}
+
+// claimBlobs writes an Append's claim on every blob it will reference and
+// then checks that each is intact; it returns the release of the claims,
+// which the caller runs once the append is applied (or failed for good).
+func (e *Engine) claimBlobs(ctx context.Context, mailbox store.ID, blobs []store.ID) (func(), error) {
+	claim := -1 - rand.Int64N(1<<62)
+	var claimed []store.ID
+	unclaim := func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.opts.Timeout)
+		defer cancel()
+		for _, b := range claimed {
+			if err := e.write(cctx, `DELETE FROM blob_refs WHERE id = ? AND mailbox = ? AND uid = ?`, b[:], mailbox[:], claim).Exec(); err != nil {
+				e.log.Warn("removing a blob claim; the blob outlives its last message", "blob", b, "err", err)
+			}
+		}
+	}
+	for _, b := range blobs {
+		if err := e.write(ctx, `INSERT INTO blob_refs (id, mailbox, uid) VALUES (?, ?, ?)`, b[:], mailbox[:], claim).Exec(); err != nil {
+			unclaim()
+			return nil, wrap("claiming blob", err)
+		}
+		claimed = append(claimed, b)
+	}
+	for _, b := range blobs {
+		if _, _, err := e.blobInfo(ctx, b); err != nil {
+			unclaim()
+			return nil, err
+		}
+	}
+	return unclaim, nil
 }
 
 // reclaimPending deletes blobs marked pending longer than olderThan that no

@@ -124,6 +124,12 @@ func (e *Engine) Check(ctx context.Context) ([]string, error) {
 		if ok && h.pending != nil {
 			continue
 		}
+		if uid < 0 {
+			// A claim (see blobs.go): an Append in flight, or one that
+			// died or ended ambiguously; the blob is kept while it lasts.
+			report("blob %s: claimed by an unfinished append to mailbox %s", b, m)
+			continue
+		}
 		if got, ok := msgBlob[ref{m, uint32(uid)}]; !ok || got != b {
 			report("blob %s: reference from %s UID %d without such a message", b, m, uid)
 		}
