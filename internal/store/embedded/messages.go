@@ -130,6 +130,9 @@ func (e *Engine) GetMessage(ctx context.Context, mailbox store.ID, uid uint32) (
 }
 
 func (e *Engine) SetFlags(ctx context.Context, mailbox store.ID, change store.FlagChange) (store.FlagResult, error) {
+	if change.Op > store.FlagsRemove {
+		return store.FlagResult{}, fmt.Errorf("%w: flag operation %d", store.ErrInvalid, change.Op)
+	}
 	flags, err := store.NormalizeFlags(change.Flags)
 	if err != nil {
 		return store.FlagResult{}, err

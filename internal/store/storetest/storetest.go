@@ -350,6 +350,10 @@ func testBlobs(t *testing.T, s store.Store) {
 	boom := errors.New("connection reset")
 	_, _, err = s.PutBlob(ctx(), io.MultiReader(strings.NewReader("partial"), errReader{boom}), 0)
 	wantErr(t, "PutBlob with failing reader", err, boom)
+	// A reader reports a body cut short (a client gone mid-DATA) as
+	// io.ErrUnexpectedEOF: that is a failure, never the end of the body.
+	_, _, err = s.PutBlob(ctx(), io.MultiReader(strings.NewReader("truncated"), errReader{io.ErrUnexpectedEOF}), 0)
+	wantErr(t, "PutBlob with a body cut short", err, io.ErrUnexpectedEOF)
 	_, err = s.OpenBlob(ctx(), store.NewID())
 	wantErr(t, "OpenBlob(missing)", err, store.ErrNotFound)
 }
@@ -475,6 +479,8 @@ func testFlags(t *testing.T, s store.Store) {
 	}
 	_, err = s.SetFlags(ctx(), inbox.ID, store.FlagChange{UIDs: []uint32{1}, Op: store.FlagsAdd, Flags: []string{"bad flag"}})
 	wantErr(t, "SetFlags with a space", err, store.ErrInvalid)
+	_, err = s.SetFlags(ctx(), inbox.ID, store.FlagChange{UIDs: []uint32{1}, Op: store.FlagOp(9), Flags: []string{"X"}})
+	wantErr(t, "SetFlags with an unknown operation", err, store.ErrInvalid)
 }
 
 func testExpunge(t *testing.T, s store.Store) {
