@@ -28,8 +28,9 @@ commands:
   check                      verify the store's consistency (server stopped)
   version                    print the version
 
-user, alias and check take --data DIR (default ./quill-data) or, for user
-and alias, --admin-addr HOST:PORT with --admin-token-file FILE.
+user, alias and check take --data DIR (default ./quill-data) and, for a
+Cassandra store, --config FILE; user and alias also take --admin-addr
+HOST:PORT with --admin-token-file FILE to act through a running server.
 `
 
 func main() {
