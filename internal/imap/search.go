@@ -3,13 +3,13 @@ package imap
 import (
 	"bytes"
 	"context"
-	"io"
 	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
 
 	"quill/internal/mailbox"
+	"quill/internal/mime"
 )
 
 // searchKey is one search-key (RFC 3501 section 6.4.4); and/or/not build
@@ -207,7 +207,7 @@ type searchReturn struct {
 // cmdSearch: RFC 3501 section 6.4.4, with ESEARCH (RFC 4731), SEARCHRES
 // (RFC 5182) and CHARSET UTF-8. Header keys match the decoded text of
 // every field of that name, case-insensitively (searchtext.go); BODY and
-// TEXT read the stored message.
+// TEXT match the decoded text of the message (searchbody.go).
 func (s *session) cmdSearch(ctx context.Context, d *decoder, c *command) (string, error) {
 	if err := d.sp(); err != nil {
 		return "", err
@@ -378,8 +378,9 @@ func (s *session) parseCriteria(d *decoder) (keys []searchKey, modseq bool, err 
 func (s *session) matching(ctx context.Context, keys []searchKey) ([]mailbox.Message, error) {
 	root := searchKey{op: "AND", sub: keys}
 	var hits []mailbox.Message
+	matchers := make(map[string]*bodyMatcher)
 	err := s.view.Messages(ctx, s.candidates(keys), func(m mailbox.Message) error {
-		ev := evaluator{s: s, ctx: ctx, m: m}
+		ev := evaluator{s: s, ctx: ctx, m: m, matchers: matchers}
 		ok, err := ev.match(root)
 		ev.close()
 		if err != nil {
@@ -490,8 +491,11 @@ type evaluator struct {
 	m    mailbox.Message
 	body mailbox.BodyReader
 	hdr  []byte
-	hlen int64
 	read bool
+	sum  *mime.Summary
+	// matchers are the BODY and TEXT matchers by search string, shared by
+	// the evaluators of one search so their buffers are reused.
+	matchers map[string]*bodyMatcher
 }
 
 func (ev *evaluator) close() {
@@ -509,8 +513,45 @@ func (ev *evaluator) open() error {
 		return err
 	}
 	ev.body, ev.read = b, true
-	ev.hlen, ev.hdr, err = scanHeader(b, ev.m.Size)
+	_, ev.hdr, err = scanHeader(b, ev.m.Size)
 	return err
+}
+
+// summary returns the message's MIME summary, parsing the message if it
+// was stored without one.
+func (ev *evaluator) summary() (*mime.Summary, error) {
+	if ev.sum != nil {
+		return ev.sum, nil
+	}
+	if err := ev.open(); err != nil {
+		return nil, err
+	}
+	sum, err := ev.s.summary(ev.ctx, ev.m, &ev.body)
+	ev.sum = sum
+	return sum, err
+}
+
+// text evaluates BODY or TEXT on the decoded text (searchbody.go).
+func (ev *evaluator) text(k searchKey) (bool, error) {
+	if k.value == "" {
+		return true, nil
+	}
+	sum, err := ev.summary()
+	if err != nil || sum.Root == nil {
+		return false, err
+	}
+	bm := ev.matchers[k.value]
+	if bm == nil {
+		bm = newBodyMatcher(k.value)
+		if ev.matchers == nil {
+			ev.matchers = make(map[string]*bodyMatcher)
+		}
+		ev.matchers[k.value] = bm
+	}
+	if k.op == "TEXT" && headerTextMatch(ev.hdr, bm.needle) {
+		return true, nil
+	}
+	return bm.message(ev.body, sum.Root, false)
 }
 
 func (ev *evaluator) match(k searchKey) (bool, error) {
@@ -575,14 +616,7 @@ func (ev *evaluator) match(k searchKey) (bool, error) {
 		}
 		return headerFieldsMatch(ev.hdr, k.field, k.value), nil
 	case "BODY", "TEXT":
-		if err := ev.open(); err != nil {
-			return false, err
-		}
-		start := ev.hlen
-		if k.op == "TEXT" {
-			start = 0
-		}
-		return streamContains(io.NewSectionReader(ev.body, start, m.Size-start), k.value)
+		return ev.text(k)
 	}
 	return false, nil
 }
@@ -694,34 +728,4 @@ func headerValue(hdr []byte, name string) (string, bool) {
 		}
 	}
 	return string(val), found
-}
-
-// streamContains reports whether r contains sub (ASCII case-insensitive
-// for the stream; non-ASCII octets compare exactly), reading in chunks
-// with an overlap so a match across chunk boundaries is found.
-func streamContains(r io.Reader, sub string) (bool, error) {
-	if sub == "" {
-		return true, nil
-	}
-	needle := bytes.ToLower([]byte(sub))
-	buf := make([]byte, 0, 64<<10+len(needle))
-	chunk := make([]byte, 64<<10)
-	for {
-		n, err := r.Read(chunk)
-		if n > 0 {
-			buf = append(buf, bytes.ToLower(chunk[:n])...)
-			if bytes.Contains(buf, needle) {
-				return true, nil
-			}
-			if keep := len(needle) - 1; len(buf) > keep {
-				buf = append(buf[:0], buf[len(buf)-keep:]...)
-			}
-		}
-		if err == io.EOF {
-			return false, nil
-		}
-		if err != nil {
-			return false, err
-		}
-	}
 }

@@ -60,11 +60,30 @@ func decodeFieldText(v []byte) string {
 // decoded text. An empty needle matches any message with the field.
 func headerFieldsMatch(hdr []byte, name, needle string) bool {
 	needle = strings.ToLower(needle)
-	var val []byte
+	return eachField(hdr, func(n, v []byte) bool {
+		return strings.EqualFold(string(n), name) &&
+			strings.Contains(strings.ToLower(decodeFieldText(v)), needle)
+	})
+}
+
+// headerTextMatch reports whether any field of hdr, as "Name: decoded
+// text", contains needle, which is already lower case (SEARCH TEXT and the
+// headers of encapsulated messages, searchbody.go).
+func headerTextMatch(hdr, needle []byte) bool {
+	var raw, low []byte
+	return eachField(hdr, func(n, v []byte) bool {
+		raw = append(append(append(raw[:0], n...), ": "...), decodeFieldText(v)...)
+		low = appendLower(low[:0], raw)
+		return bytes.Contains(low, needle)
+	})
+}
+
+// eachField calls f with the name and unfolded value (up to
+// maxSearchField octets) of each field of hdr, through the empty line that
+// ends the header, until f returns true; it reports whether one did.
+func eachField(hdr []byte, f func(name, value []byte) bool) bool {
+	var name, val []byte
 	in := false
-	check := func() bool {
-		return in && strings.Contains(strings.ToLower(decodeFieldText(val)), needle)
-	}
 	for len(hdr) > 0 {
 		i := bytes.IndexByte(hdr, '\n')
 		line := hdr
@@ -82,16 +101,16 @@ func headerFieldsMatch(hdr []byte, name, needle string) bool {
 			}
 			continue
 		}
-		if check() {
+		if in && f(name, val) {
 			return true
 		}
 		n, v, ok := bytes.Cut(trimmed, []byte(":"))
-		in = ok && strings.EqualFold(string(bytes.TrimSpace(n)), name)
-		val = val[:0]
+		in = ok
+		name, val = bytes.TrimSpace(n), val[:0]
 		if in {
 			v = bytes.TrimLeft(v, " \t")
 			val = append(val, v[:min(len(v), maxSearchField)]...)
 		}
 	}
-	return check()
+	return in && f(name, val)
 }
