@@ -11,7 +11,6 @@ import (
 	"quill/internal/store"
 )
 
-
 func joinFlags(f []string) string { return strings.Join(f, " ") }
 
 func splitFlags(s string) []string {
