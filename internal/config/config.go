@@ -116,6 +116,10 @@ type Cassandra struct {
 	SerialConsistency string   `toml:"serial_consistency"` // SERIAL or LOCAL_SERIAL
 	ConnectTimeout    Duration `toml:"connect_timeout"`
 	Timeout           Duration `toml:"timeout"`
+	// IdlePoll is how often an IMAP session in IDLE reads its mailbox's
+	// change log for changes made through other nodes (those made through
+	// this node wake it at once). Each poll is one read at read_consistency.
+	IdlePoll Duration `toml:"idle_poll"`
 	// TLS to Cassandra: on when TLS is true; CAFile verifies the servers,
 	// CertFile/KeyFile authenticate Quill to them.
 	TLS        bool   `toml:"tls"`
@@ -214,6 +218,9 @@ func Default() Config {
 			// Above Cassandra's own 5 s request timeouts, so that its
 			// answer, not ours, decides.
 			ConnectTimeout: Duration{10 * time.Second}, Timeout: Duration{12 * time.Second},
+			// 5 s: prompt enough for a mail client, and 1,000 idling
+			// sessions cost 200 reads/s (docs/cassandra.md has the table).
+			IdlePoll: Duration{5 * time.Second},
 		}},
 		Log: Log{Level: "info", Format: "text"},
 	}
@@ -343,6 +350,9 @@ func checkAddr(addr string) error {
 func validateCassandra(c Cassandra, bad func(string, ...any)) {
 	if len(c.Hosts) == 0 {
 		bad("store.cassandra.hosts must name at least one contact point")
+	}
+	if c.IdlePoll.Duration < 100*time.Millisecond {
+		bad("store.cassandra.idle_poll must be at least 100ms")
 	}
 	if c.Keyspace == "" || len(c.Keyspace) > 48 || strings.Trim(c.Keyspace, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" {
 		bad("store.cassandra.keyspace %q must be 1-48 of [a-z0-9_]", c.Keyspace)

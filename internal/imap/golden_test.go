@@ -27,7 +27,8 @@ var update = flag.Bool("update", false, "rewrite the S: lines of testdata/*.txt 
 //	                      remote=IP, maxerrors=N, maxliteral=N,
 //	                      appendlimit=N, maxline=N, rate=N (commands
 //	                      per second), burst=N, timeout=DURATION (autologout
-//	                      after login), unauthtimeout=DURATION
+//	                      after login), unauthtimeout=DURATION,
+//	                      idlepoll=DURATION
 //	!connect [n]          open session n and read its greeting
 //	C[n]: line            send line (<CRLF> stands for CRLF inside it);
 //	                      the response through its tagged line (or a
@@ -37,6 +38,9 @@ var update = flag.Bool("update", false, "rewrite the S: lines of testdata/*.txt 
 //	!compress [n]         raw deflate both ways after OK to COMPRESS
 //	!read [n]             read one more server line (IDLE pushes)
 //	!deliver user subject deliver a message to user's INBOX, as SMTP does
+//	!deliver-elsewhere user subject
+//	                      the same, as another node sharing the store would:
+//	                      the hub is not told (only IdlePoll finds it)
 //	!quota user octets    set user's quota (0: unlimited), as the operator does
 //	!shutdown             Shutdown the server (sessions get BYE)
 //	!clock DURATION       advance the command rate limit's clock, which
@@ -189,6 +193,8 @@ func runTranscript(t *testing.T, script string) string {
 				srv.ReadTimeout = dur()
 			case "unauthtimeout":
 				srv.UnauthTimeout = dur()
+			case "idlepoll":
+				srv.IdlePoll = dur()
 			default:
 				t.Fatalf("unknown option %q", arg)
 			}
@@ -210,6 +216,9 @@ func runTranscript(t *testing.T, script string) string {
 		case "deliver":
 			user, subject, _ := strings.Cut(arg, " ")
 			backend.deliver(t, user, "From: x@example.org\r\nSubject: "+subject+"\r\n\r\nbody\r\n")
+		case "deliver-elsewhere":
+			user, subject, _ := strings.Cut(arg, " ")
+			backend.deliverElsewhere(t, user, "From: x@example.org\r\nSubject: "+subject+"\r\n\r\nbody\r\n")
 		case "quota":
 			user, octets, _ := strings.Cut(arg, " ")
 			n, err := strconv.ParseInt(octets, 10, 64)

@@ -164,6 +164,14 @@ func newTestBackend(t testing.TB) *testBackend {
 // notifies the hub.
 func (b *testBackend) deliver(t testing.TB, user, body string) {
 	t.Helper()
+	inbox, msgs := b.deliverElsewhere(t, user, body)
+	b.hub.Appended(user, inbox, msgs)
+}
+
+// deliverElsewhere appends body to user's INBOX without telling the hub,
+// as a delivery through another node sharing the store would.
+func (b *testBackend) deliverElsewhere(t testing.TB, user, body string) (store.ID, []store.Message) {
+	t.Helper()
 	ctx := context.Background()
 	inbox, err := b.st.GetMailbox(ctx, user, "INBOX")
 	if err != nil {
@@ -177,7 +185,7 @@ func (b *testBackend) deliver(t testing.TB, user, body string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.hub.Appended(user, inbox.ID, msgs)
+	return inbox.ID, msgs
 }
 
 // setQuota sets user's quota in octets, as the operator does.

@@ -90,6 +90,11 @@ type Server struct {
 	CommandBurst int
 	// Now is the clock of the command rate limit; nil means time.Now.
 	Now func() time.Time
+	// IdlePoll, if positive, makes IDLE also read the mailbox's change log
+	// at this interval, for changes committed by other processes sharing
+	// the store (several nodes on one Cassandra cluster); changes made
+	// through this process wake IDLE at once through the mailbox hub.
+	IdlePoll time.Duration
 
 	once    sync.Once
 	cfg     config
@@ -116,6 +121,7 @@ type config struct {
 	unauthTimeout     time.Duration
 	commandRate       float64
 	commandBurst      int
+	idlePoll          time.Duration
 	now               func() time.Time
 	conn              textconn.Options
 }
@@ -138,6 +144,7 @@ func (s *Server) init() {
 			unauthTimeout:     positive(s.UnauthTimeout, DefaultUnauthTimeout),
 			commandRate:       positive(s.CommandRate, DefaultCommandRate),
 			commandBurst:      positive(s.CommandBurst, DefaultCommandBurst),
+			idlePoll:          s.IdlePoll,
 			now:               s.Now,
 			conn: textconn.Options{
 				MaxLine:          positive(s.MaxLineLength, DefaultMaxLineLength),

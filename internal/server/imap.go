@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"log/slog"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -62,5 +63,16 @@ func (x imapServers) new(name string, implicit bool) *imap.Server {
 		Limiter:           x.limiter,
 		AppendLimit:       x.cfg.Limits.MaxMessageBytes,
 		MaxErrors:         x.cfg.Limits.MaxErrors,
+		IdlePoll:          idlePoll(x.cfg),
 	}
+}
+
+// idlePoll is how often IDLE reads the change log: only when other nodes
+// may change the store (Cassandra); one process's own changes reach IDLE
+// through the hub.
+func idlePoll(cfg config.Config) time.Duration {
+	if cfg.Store.Engine == "cassandra" {
+		return cfg.Store.Cassandra.IdlePoll.Duration
+	}
+	return 0
 }
