@@ -34,7 +34,7 @@ func (e *Engine) PutBlob(ctx context.Context, r io.Reader, maxSize int64) (store
 		return store.ID{}, 0, err
 	}
 	for {
-		n, end, err := fillChunk(r, buf)
+		n, end, err := store.FillChunk(r, buf)
 		if err != nil {
 			return fail(fmt.Errorf("reading body: %w", err))
 		}
@@ -58,24 +58,6 @@ func (e *Engine) PutBlob(ctx context.Context, r io.Reader, maxSize int64) (store
 		return fail(wrap("writing blob", err))
 	}
 	return id, size, nil
-}
-
-// fillChunk reads into buf until it is full or r ends, and reports whether
-// r ended. Only io.EOF ends r: io.ReadFull would turn a reader's own
-// io.ErrUnexpectedEOF (an SMTP client gone mid-DATA) into a short last
-// chunk, storing a truncated body as if it were whole.
-func fillChunk(r io.Reader, buf []byte) (n int, end bool, err error) {
-	for n < len(buf) {
-		m, err := r.Read(buf[n:])
-		n += m
-		if err == io.EOF {
-			return n, true, nil
-		}
-		if err != nil {
-			return n, false, err
-		}
-	}
-	return n, false, nil
 }
 
 // blobInfo reads a blob's row; a blob being released is not found.

@@ -4,29 +4,11 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"unicode/utf8"
 
 	gocql "github.com/apache/cassandra-gocql-driver/v2"
 
 	"quill/internal/store"
 )
-
-// canonicalName validates a mailbox name and spells INBOX (any case, RFC
-// 3501 section 5.1) as "INBOX".
-func canonicalName(name string) (string, error) {
-	if name == "" || len(name) > 1024 || !utf8.ValidString(name) || strings.ContainsAny(name, "\x00\r\n") ||
-		strings.HasPrefix(name, "/") || strings.HasSuffix(name, "/") || strings.Contains(name, "//") {
-		return "", fmt.Errorf("%w: mailbox name %q", store.ErrInvalid, name)
-	}
-	first, rest, hasRest := strings.Cut(name, "/")
-	if strings.EqualFold(first, "INBOX") {
-		if hasRest {
-			return "INBOX/" + rest, nil
-		}
-		return "INBOX", nil
-	}
-	return name, nil
-}
 
 // head is a mailbox row: the mailbox as readers see it (before any pending
 // operation) plus the pending operation itself.
@@ -120,7 +102,7 @@ func (e *Engine) createMailbox(ctx context.Context, user, name string, opts stor
 }
 
 func (e *Engine) CreateMailbox(ctx context.Context, user, name string, opts store.MailboxOptions) (store.Mailbox, error) {
-	name, err := canonicalName(name)
+	name, err := store.CanonicalName(name)
 	if err != nil {
 		return store.Mailbox{}, err
 	}
@@ -144,7 +126,7 @@ func (e *Engine) mailboxID(ctx context.Context, user, name string) (store.ID, er
 // GetMailbox returns a mailbox; a user's INBOX is created on first use if
 // CreateUser was interrupted before creating it.
 func (e *Engine) GetMailbox(ctx context.Context, user, name string) (store.Mailbox, error) {
-	name, err := canonicalName(name)
+	name, err := store.CanonicalName(name)
 	if err != nil {
 		return store.Mailbox{}, err
 	}
@@ -199,11 +181,11 @@ func (e *Engine) ListMailboxes(ctx context.Context, user string) ([]store.Mailbo
 // RenameMailbox claims every new name (LWT) before it releases any old one;
 // if a new name is taken the names claimed so far are released again.
 func (e *Engine) RenameMailbox(ctx context.Context, user, from, to string) error {
-	from, err := canonicalName(from)
+	from, err := store.CanonicalName(from)
 	if err != nil {
 		return err
 	}
-	if to, err = canonicalName(to); err != nil {
+	if to, err = store.CanonicalName(to); err != nil {
 		return err
 	}
 	if from == "INBOX" || to == "INBOX" || strings.HasPrefix(to, from+"/") {
@@ -253,7 +235,7 @@ func (e *Engine) RenameMailbox(ctx context.Context, user, from, to string) error
 }
 
 func (e *Engine) DeleteMailbox(ctx context.Context, user, name string) error {
-	name, err := canonicalName(name)
+	name, err := store.CanonicalName(name)
 	if err != nil {
 		return err
 	}
@@ -313,7 +295,7 @@ func (e *Engine) deleteMailbox(ctx context.Context, m store.Mailbox) error {
 }
 
 func (e *Engine) SetSubscribed(ctx context.Context, user, name string, subscribed bool) error {
-	name, err := canonicalName(name)
+	name, err := store.CanonicalName(name)
 	if err != nil {
 		return err
 	}

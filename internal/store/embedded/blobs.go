@@ -48,7 +48,7 @@ func (e *Engine) PutBlob(ctx context.Context, r io.Reader, maxSize int64) (store
 		return id, size, err
 	}
 	for {
-		n, eof, err := fillChunk(r, buf)
+		n, eof, err := store.FillChunk(r, buf)
 		if n > 0 {
 			size += int64(n)
 			if maxSize > 0 && size > maxSize {
@@ -84,24 +84,6 @@ func (e *Engine) PutBlob(ctx context.Context, r io.Reader, maxSize int64) (store
 		return fail(err)
 	}
 	return id, size, nil
-}
-
-// fillChunk reads into buf until it is full or r reports io.EOF. Only io.EOF
-// itself ends a body: any other error, io.ErrUnexpectedEOF included (what a
-// reader reports for a connection that dropped mid-message), is a failure,
-// so a truncated body is never stored as if it were whole.
-func fillChunk(r io.Reader, buf []byte) (n int, eof bool, err error) {
-	for n < len(buf) {
-		m, err := r.Read(buf[n:])
-		n += m
-		if err == io.EOF {
-			return n, true, nil
-		}
-		if err != nil {
-			return n, false, err
-		}
-	}
-	return n, false, nil
 }
 
 // deleteBlob removes a blob that no message references. It is rare (a

@@ -5,30 +5,11 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/cockroachdb/pebble/v2"
 
 	"quill/internal/store"
 )
-
-// canonicalName validates a mailbox name and spells INBOX (and the first
-// component of its inferiors) in upper case: INBOX is case-insensitive
-// (RFC 3501 section 5.1).
-func canonicalName(name string) (string, error) {
-	if name == "" || len(name) > 1024 || !utf8.ValidString(name) || strings.ContainsAny(name, "\x00\r\n") ||
-		strings.HasPrefix(name, "/") || strings.HasSuffix(name, "/") || strings.Contains(name, "//") {
-		return "", fmt.Errorf("%w: mailbox name %q", store.ErrInvalid, name)
-	}
-	first, rest, hasRest := strings.Cut(name, "/")
-	if strings.EqualFold(first, "INBOX") {
-		if hasRest {
-			return "INBOX/" + rest, nil
-		}
-		return "INBOX", nil
-	}
-	return name, nil
-}
 
 func (t *txn) createMailbox(user, name string, opts store.MailboxOptions) (store.Mailbox, error) {
 	if ok, err := t.exists(nameKey(user, name)); err != nil {
@@ -50,7 +31,7 @@ func (t *txn) createMailbox(user, name string, opts store.MailboxOptions) (store
 }
 
 func (e *Engine) CreateMailbox(ctx context.Context, user, name string, opts store.MailboxOptions) (store.Mailbox, error) {
-	name, err := canonicalName(name)
+	name, err := store.CanonicalName(name)
 	if err != nil {
 		return store.Mailbox{}, err
 	}
@@ -78,7 +59,7 @@ func (e *Engine) visible(m store.Mailbox) store.Mailbox {
 }
 
 func (e *Engine) GetMailbox(ctx context.Context, user, name string) (store.Mailbox, error) {
-	name, err := canonicalName(name)
+	name, err := store.CanonicalName(name)
 	if err != nil {
 		return store.Mailbox{}, err
 	}
@@ -131,11 +112,11 @@ func (e *Engine) ListMailboxes(ctx context.Context, user string) ([]store.Mailbo
 }
 
 func (e *Engine) RenameMailbox(ctx context.Context, user, from, to string) error {
-	from, err := canonicalName(from)
+	from, err := store.CanonicalName(from)
 	if err != nil {
 		return err
 	}
-	if to, err = canonicalName(to); err != nil {
+	if to, err = store.CanonicalName(to); err != nil {
 		return err
 	}
 	if from == "INBOX" || to == "INBOX" || strings.HasPrefix(to, from+"/") {
@@ -192,7 +173,7 @@ func (e *Engine) RenameMailbox(ctx context.Context, user, from, to string) error
 }
 
 func (e *Engine) DeleteMailbox(ctx context.Context, user, name string) error {
-	name, err := canonicalName(name)
+	name, err := store.CanonicalName(name)
 	if err != nil {
 		return err
 	}
@@ -252,7 +233,7 @@ func (t *txn) dropMailboxContents(id store.ID) error {
 }
 
 func (e *Engine) SetSubscribed(ctx context.Context, user, name string, subscribed bool) error {
-	name, err := canonicalName(name)
+	name, err := store.CanonicalName(name)
 	if err != nil {
 		return err
 	}
