@@ -207,9 +207,10 @@ func Default() Config {
 		},
 		// "+" is the subaddress separator most users know (RFC 5233).
 		Delivery: Delivery{SubaddressSeparator: "+"},
-		// 64 MiB of block cache keeps the hot metadata of a few hundred
-		// thousand mailboxes in memory within a small footprint.
-		Store: Store{Engine: "embedded", CacheBytes: 64 << 20, Cassandra: Cassandra{
+		// Bodies share the block cache with metadata; below about 256 MiB,
+		// retrieved bodies evict the index and metadata blocks every
+		// delivery reads (docs/performance.md measures 64 vs 256 MiB).
+		Store: Store{Engine: "embedded", CacheBytes: 256 << 20, Cassandra: Cassandra{
 			Hosts: []string{"127.0.0.1:9042"}, Keyspace: "quill",
 			ReplicationClass: "SimpleStrategy", ReplicationFactor: 3,
 			// LOCAL_QUORUM both ways: reads overlap acknowledged writes
