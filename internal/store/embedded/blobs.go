@@ -26,8 +26,19 @@ var ErrTooLarge = errors.New("embedded: blob larger than allowed")
 // and zeroing 256 KiB per delivered message showed up in profiles.
 var chunkBufs = sync.Pool{New: func() any { b := make([]byte, chunkSize); return &b }}
 
-func (e *Engine) PutBlob(ctx context.Context, r io.Reader, maxSize int64) (store.ID, int64, error) {
+// newBlobID returns a blob ID whose first 8 bytes are the creation time,
+// big-endian, and whose last 8 are random: bodies are the bulk of the
+// database, and with time-ordered keys each flush adds to the end of the
+// chunk key space instead of overlapping all of it, so compactions leave
+// older bodies where they are rather than rewriting them again and again.
+func newBlobID() store.ID {
 	id := store.NewID()
+	binary.BigEndian.PutUint64(id[:8], uint64(time.Now().UnixNano()))
+	return id
+}
+
+func (e *Engine) PutBlob(ctx context.Context, r io.Reader, maxSize int64) (store.ID, int64, error) {
+	id := newBlobID()
 	bufp := chunkBufs.Get().(*[]byte)
 	defer chunkBufs.Put(bufp)
 	buf := *bufp
