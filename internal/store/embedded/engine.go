@@ -84,6 +84,8 @@ type Engine struct {
 	closeMu sync.RWMutex
 	closed  bool
 
+	hot *hotCache // committer only
+
 	fenceMu sync.RWMutex
 	fence   map[store.ID]store.Mailbox // mailboxes in the group being synced, pre-group state
 
@@ -140,6 +142,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 		reqs:  make(chan *request, opts.MaxGroup),
 		quit:  make(chan struct{}),
 		fence: make(map[store.ID]store.Mailbox),
+		hot:   newHotCache(hotCacheEntries),
 		commitLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "quill_store_commit_seconds",
 			Help:    "Latency of one synced commit group of the embedded store.",
@@ -326,6 +329,11 @@ func (e *Engine) commitGroup(group []*request) {
 		if err != nil {
 			e.log.Error("store commit failed", "err", err, "group", ok)
 			err = fmt.Errorf("embedded: commit: %w", err)
+			e.hot.reset()
+		} else {
+			for k, v := range t.grouped {
+				e.hot.put(k, v)
+			}
 		}
 	}
 	for _, r := range group {

@@ -274,3 +274,110 @@ func TestUseAfterClose(t *testing.T) {
 		t.Fatalf("second Close: %v", err)
 	}
 }
+
+// The committer's hot cache must hold exactly the committed records: the
+// writes of a failed transaction never reach it, and after any mix of
+// deliveries, expunges and user changes every cached record equals the
+// database's.
+func TestHotCacheHoldsCommittedRecords(t *testing.T) {
+	ctx := context.Background()
+	e := open(t, t.TempDir())
+	defer e.Close()
+	users := []string{"a@example.test", "b@example.test", "c@example.test"}
+	for _, u := range users {
+		if err := e.CreateUser(ctx, store.User{Address: u}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inbox, _ := e.GetMailbox(ctx, users[0], "INBOX")
+	appendOne(t, e, inbox.ID, "one")
+	before, _ := e.Usage(ctx, users[0])
+
+	boom := errors.New("boom")
+	err := e.update(ctx, func(t *txn) error {
+		if err := t.addUsage(users[0], 1000, 1); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("update = %v", err)
+	}
+	var seen store.Usage
+	if err := e.update(ctx, func(t *txn) error {
+		var err error
+		seen, err = t.usage(users[0])
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if seen != before {
+		t.Errorf("committer sees usage %+v after a failed transaction, want %+v", seen, before)
+	}
+
+	// Concurrent traffic so that groups hold several transactions, then a
+	// user deleted and re-created.
+	var wg sync.WaitGroup
+	for i := range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			u := users[i%len(users)]
+			mb, err := e.GetMailbox(ctx, u, "INBOX")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			m := appendOne(t, e, mb.ID, fmt.Sprintf("message %d", i))
+			if i%3 == 0 {
+				if _, _, err := e.Expunge(ctx, mb.ID, []uint32{m.UID}); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := e.DeleteUser(ctx, users[2]); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.CreateUser(ctx, store.User{Address: users[2], QuotaBytes: 1}); err != nil {
+		t.Fatal(err)
+	}
+	// Read through the committer so that it runs strictly after every
+	// write above, then compare with the database.
+	if err := e.update(ctx, func(*txn) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	e.reqs <- &request{fn: func(*txn) error {
+		for k, v := range e.hot.m {
+			got, err := e.get(e.db, []byte(k))
+			if errors.Is(err, store.ErrNotFound) {
+				got = nil
+			} else if err != nil {
+				t.Error(err)
+			}
+			if string(got) != string(v) || (got == nil) != (v == nil) {
+				t.Errorf("hot cache %q = %x, database %x", k, v, got)
+			}
+		}
+		return nil
+	}, done: done}
+	<-done
+	if len(e.hot.m) == 0 {
+		t.Error("hot cache is empty after traffic")
+	}
+}
+
+func TestHotCacheBounded(t *testing.T) {
+	c := newHotCache(2)
+	for _, k := range []string{"ua", "ub", "uc", "ub"} {
+		c.put(k, []byte(k))
+	}
+	if len(c.m) != 2 {
+		t.Errorf("cache holds %d entries, want 2", len(c.m))
+	}
+	if v, ok := c.get([]byte("ub")); !ok || string(v) != "ub" {
+		t.Errorf("last written entry missing: %q %v", v, ok)
+	}
+}

@@ -21,6 +21,9 @@ type txn struct {
 	own     map[string]int // key -> index in ops of its latest write
 	touched map[store.ID]store.Mailbox
 	added   []store.ID // mailboxes first touched by the current transaction
+	// grouped holds the values of hot keys (see hotCache) written by the
+	// group's successful transactions so far; nil means deleted.
+	grouped map[string][]byte
 }
 
 type op struct {
@@ -56,6 +59,16 @@ func (t *txn) apply() {
 			// Batch writes fail only on programming errors (closed batch).
 			panic(fmt.Sprintf("embedded: batch write: %v", err))
 		}
+		if o.rangeEnd == nil && hotKey(o.key) {
+			if t.grouped == nil {
+				t.grouped = make(map[string][]byte)
+			}
+			if o.del {
+				t.grouped[string(o.key)] = nil
+			} else {
+				t.grouped[string(o.key)] = o.value
+			}
+		}
 	}
 }
 
@@ -67,7 +80,27 @@ func (t *txn) get(k []byte) ([]byte, error) {
 		}
 		return t.ops[i].value, nil
 	}
-	return t.e.get(t.b, k)
+	if !hotKey(k) || t.e.hot == nil {
+		return t.e.get(t.b, k)
+	}
+	v, ok := t.grouped[string(k)]
+	if !ok {
+		v, ok = t.e.hot.get(k)
+	}
+	if !ok {
+		// Not written in this group: the batch reads through to the
+		// committed database.
+		var err error
+		v, err = t.e.get(t.b, k)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return nil, err
+		}
+		t.e.hot.put(string(k), v)
+	}
+	if v == nil {
+		return nil, store.ErrNotFound
+	}
+	return v, nil
 }
 
 func (t *txn) exists(k []byte) (bool, error) {
