@@ -1,7 +1,10 @@
 // Command compare is the Porcupine workload benchmark of Quill side by side
-// with Postfix + Dovecot at equal durability, and with quill-sink (Quill's
-// SMTP front end storing nothing) as the protocol-bound upper limit. One
-// invocation, as root on Debian:
+// with Postfix + Dovecot at equal durability, with quill-sink (Quill's SMTP
+// front end storing nothing) as the protocol-bound upper limit, and with
+// quill-sink --durable (the same front end appending each message to one
+// file, fdatasync before the reply, group commit) as the durability floor:
+// the cheapest durable SMTP server on this machine. One invocation, as root
+// on Debian:
 //
 //	go run ./bench/compare [--users 10000 --clients 16 --duration 20s --rounds 2]
 //
@@ -9,11 +12,12 @@
 // dovecot-pop3d, dovecot-lmtpd, dovecot-imapd), builds quill and
 // quill-sink from the tree, provisions the same users with the same
 // argon2id password hash on both servers, runs the same mix against each in
-// turn (Quill, peer, sink, Quill, peer, sink, ...), and prints each figure's
-// median with the Quill/peer ratio and Quill's delivered rate as a share of
-// the sink's accepted rate. Everything binds loopback ports chosen at run
-// time, lives under one temporary directory, and is stopped on the way out,
-// failure or not. See docs/performance.md.
+// turn (Quill, peer, sink, durable sink, Quill, peer, ...), and prints each
+// figure's median with the Quill/peer ratio, Quill's delivered rate as a
+// share of the sink's and of the durable sink's accepted rates, and the
+// durable sink's as a share of the sink's. Everything binds loopback ports
+// chosen at run time, lives under one temporary directory, and is stopped
+// on the way out, failure or not. See docs/performance.md.
 package main
 
 import (
@@ -75,7 +79,7 @@ func main() {
 	flag.StringVar(&o.out, "out", "", "write every run's summary as JSON to this file")
 	flag.BoolVar(&o.skipInstall, "skip-install", false, "do not apt-get install missing packages")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (logs, data)")
-	flag.StringVar(&o.only, "only", "", "run only this target: quill, peer or sink")
+	flag.StringVar(&o.only, "only", "", "run only this target: quill, peer, sink or durable-sink")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of quill's first run to this file (taken through its admin endpoint)")
 	flag.StringVar(&o.kdf, "kdf", "default", "argon2id cost of the users' password hash, the same on both servers: "+
 		"default (Quill's production parameters) or light (64 KiB, 1 pass: isolates the mail path from login cost)")
@@ -190,6 +194,13 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	defer sink.stop()
 
+	dsink, dsaddrs, err := startChild(ctx, root, "durable-sink", true, filepath.Join(bin, "quill-sink"),
+		"--addr", "127.0.0.1:0", "--domain", domain, "--print-listeners", "--durable", filepath.Join(root, "durable-sink-data"))
+	if err != nil {
+		return err
+	}
+	defer dsink.stop()
+
 	pr, err := startPeer(ctx, root, domain, all, hash)
 	if err != nil {
 		return err
@@ -226,6 +237,9 @@ func run(ctx context.Context, o options) (err error) {
 			settle: func(ctx context.Context) error { return pr.waitQueueEmpty(ctx, 5*time.Minute) }},
 		// The sink stores nothing: SMTP only, no retrieval, no probes.
 		{name: "sink", smtp: saddrs["smtp"], procs: map[string]int{"sink": sink.pid()}, alive: sink.running, smtpOnly: true},
+		// The durable sink keeps what it accepts but cannot give it back:
+		// SMTP only, like the sink.
+		{name: "durable-sink", smtp: dsaddrs["smtp"], procs: map[string]int{"durable-sink": dsink.pid()}, alive: dsink.running, smtpOnly: true},
 	}
 	if o.only != "" {
 		var keep []target

@@ -69,11 +69,41 @@ func median(runs []loadgen.MixSummary, f figure) (float64, bool) {
 	return (v[n/2-1] + v[n/2]) / 2, true
 }
 
-// printComparison prints the medians, the Quill/peer ratio, and Quill's
-// delivered rate as a share of the sink's accepted rate.
+// columns are the targets of the comparison, in the order of the runs, and
+// their headings.
+var columns = []struct{ target, heading string }{
+	{"quill", "quill"},
+	{"peer", "postfix+dovecot"},
+	{"sink", "sink"},
+	{"durable-sink", "durable-sink"},
+}
+
+// shares are the ratios printed below the table: the median of
+// figures[num] for target of, as a share of the median of figures[den] for
+// target per.
+var shares = []struct {
+	label    string
+	of, per  string
+	num, den int // indexes into figures
+}{
+	{"quill delivered / sink accepted", "quill", "sink", 1, 0},
+	{"durable-sink accepted / sink accepted", "durable-sink", "sink", 0, 0},
+	{"quill delivered / durable-sink accepted", "quill", "durable-sink", 1, 0},
+}
+
+// printComparison prints the medians, the Quill/peer ratio, and the
+// delivered or accepted rates as shares of one another (see shares).
 func printComparison(w io.Writer, results map[string][]loadgen.MixSummary) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "median of %d runs\tquill\tpostfix+dovecot\tsink\tquill/peer\t\n", len(results["quill"]))
+	runs := 0
+	for _, r := range results {
+		runs = max(runs, len(r))
+	}
+	fmt.Fprintf(tw, "median of %d runs\t", runs)
+	for _, c := range columns {
+		fmt.Fprintf(tw, "%s\t", c.heading)
+	}
+	fmt.Fprintf(tw, "quill/peer\t\n")
 	cell := func(v float64, ok bool) string {
 		if !ok {
 			return "-"
@@ -81,22 +111,29 @@ func printComparison(w io.Writer, results map[string][]loadgen.MixSummary) error
 		return fmt.Sprintf("%.1f", v)
 	}
 	for _, f := range figures {
+		fmt.Fprintf(tw, "%s\t", f.name)
+		for _, c := range columns {
+			fmt.Fprintf(tw, "%s\t", cell(median(results[c.target], f)))
+		}
 		q, qok := median(results["quill"], f)
 		p, pok := median(results["peer"], f)
-		s, sok := median(results["sink"], f)
 		ratio := "-"
 		if qok && pok && p != 0 {
 			ratio = fmt.Sprintf("%.2fx", q/p)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", f.name, cell(q, qok), cell(p, pok), cell(s, sok), ratio)
+		fmt.Fprintf(tw, "%s\t\n", ratio)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	q, qok := median(results["quill"], figures[1])
-	s, sok := median(results["sink"], figures[0])
-	if qok && sok && s > 0 {
-		fmt.Fprintf(w, "\nquill delivered / sink accepted: %.1f%%\n", 100*q/s)
+	sep := "\n"
+	for _, sh := range shares {
+		n, nok := median(results[sh.of], figures[sh.num])
+		d, dok := median(results[sh.per], figures[sh.den])
+		if nok && dok && d > 0 {
+			fmt.Fprintf(w, "%s%s: %.1f%%\n", sep, sh.label, 100*n/d)
+			sep = ""
+		}
 	}
 	return nil
 }

@@ -7,8 +7,21 @@
 //
 //	quill-sink --addr 127.0.0.1:0 --domain example.test --print-listeners
 //
-// It never acknowledges durability it does not have: do not point real mail
-// at it.
+// With --durable DIR it is instead the durability floor: the same front
+// end, and each message appended as one checksummed record to DIR/sink.log
+// and made durable by an fdatasync, shared by concurrent deliveries (group
+// commit), before the reply. There is no index and no retrieval: it is the
+// cheapest SMTP server on this machine that acknowledges only what is on
+// disk, so the gap between it and the plain sink is the cost of durability
+// itself, and the gap between Quill and it is the cost of Quill's store.
+//
+// What a 250 means: without --durable, only that the message was read to
+// its end. With --durable, that the whole message (trace fields included)
+// is in DIR/sink.log with a valid CRC-32C and covered by a completed
+// fdatasync, so it survives a crash or power loss of this host (as far as
+// the disk honours flushes); a failed write or sync answers 451 and stops
+// every later acknowledgement. Neither mode is a mail server: nothing can
+// read the mail back, so do not point real mail at it.
 package main
 
 import (
@@ -53,7 +66,7 @@ func (l *listFlag) Set(v string) error { *l = append(*l, strings.ToLower(v)); re
 const shutdownTimeout = 10 * time.Second
 
 // run serves until ctx ends, then drains.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	fs := flag.NewFlagSet("quill-sink", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", "127.0.0.1:2525", "SMTP listener `host:port` (port 0: any free port)")
@@ -62,6 +75,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Var(&domains, "domain", "local `domain` whose every address is accepted (repeatable; default localhost)")
 	printListeners := fs.Bool("print-listeners", false, `print {"smtp":"host:port"} on stdout once listening`)
 	maxConns := fs.Int("max-conns", 1000, "concurrent connections")
+	durable := fs.String("durable", "", "append every message to `dir`/"+logName+" and fdatasync it before the reply (the durability floor)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -72,10 +86,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		domains = listFlag{"localhost"}
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	backend := &sink{domains: domains}
+	if *durable != "" {
+		l, err := openDurableLog(*durable, log)
+		if err != nil {
+			return err
+		}
+		// Shutdown returns only when every session has ended, so no
+		// Deliver is in flight when the log closes.
+		defer func() {
+			if cerr := l.Close(); err == nil {
+				err = cerr
+			}
+		}()
+		backend.log = l
+	}
 	srv := &smtp.Server{
 		Mode:     smtp.ModeMX,
 		Hostname: *hostname,
-		Backend:  &sink{domains: domains},
+		Backend:  backend,
 		Logger:   log,
 		Limiter:  textconn.NewLimiter(*maxConns, *maxConns),
 	}
@@ -103,9 +132,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return err
 }
 
-// sink is the no-storage backend.
+// sink is the backend: it discards every message, or with log set appends
+// it to the durable log.
 type sink struct {
 	domains []string
+	log     *durableLog // nil: discard
 }
 
 var _ smtp.Backend = (*sink)(nil)
@@ -131,10 +162,16 @@ func (s *sink) Resolve(_ context.Context, rcpt mail.Address, _ delivery.ResolveO
 	return delivery.Recipient{}, delivery.ErrRelayDenied
 }
 
-// Deliver reads the message to its end (the front end bounds it) and
-// reports every recipient delivered.
-func (*sink) Deliver(_ context.Context, m delivery.Message) ([]error, error) {
-	if _, err := io.Copy(io.Discard, m.Body); err != nil {
+// Deliver reads the message to its end (the front end bounds it), appends
+// it to the durable log if there is one, and reports every recipient
+// delivered. An error from the log fails the whole message: the front end
+// answers it with a temporary failure, never a 250.
+func (s *sink) Deliver(ctx context.Context, m delivery.Message) ([]error, error) {
+	if s.log != nil {
+		if err := s.log.Append(ctx, m.Body); err != nil {
+			return nil, err
+		}
+	} else if _, err := io.Copy(io.Discard, m.Body); err != nil {
 		return nil, fmt.Errorf("sink: reading body: %w", err)
 	}
 	return make([]error, len(m.Recipients)), nil
