@@ -1,6 +1,7 @@
 package delivery
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -51,6 +52,15 @@ type Options struct {
 	Logger          *slog.Logger
 	Registerer      prometheus.Registerer
 }
+
+// inlineMax is the largest body delivered inline with its append
+// (store.NewMessage.Body) rather than stored by PutBlob first: one store
+// write instead of two for the common message to one mailbox, at the cost
+// of holding the body in memory, as PutBlob's chunk buffer does anyway.
+const inlineMax = 256 << 10
+
+// inlineBufs recycles the inlineMax-sized read buffers of Deliver.
+var inlineBufs = sync.Pool{New: func() any { b := make([]byte, inlineMax); return &b }}
 
 // Agent delivers messages into local INBOXes. It is safe for concurrent use.
 type Agent struct {
@@ -185,26 +195,8 @@ func (a *Agent) CheckSender(ctx context.Context, user string, from mail.Address)
 // or, if the body could not be stored at all, an error and no results.
 // Recipients that resolve to the same user get the message once and share
 // its result. The message's summary (internal/mime) is computed while the
-// body streams to the store and kept as every copy's Meta.
+// body is read and kept as every copy's Meta.
 func (a *Agent) Deliver(ctx context.Context, m Message) ([]error, error) {
-	parser := mime.NewParser()
-	blob, size, err := a.st.PutBlob(ctx, io.TeeReader(m.Body, parser), a.opts.MaxMessageBytes)
-	if err != nil {
-		return nil, fmt.Errorf("delivery: storing body: %w", err)
-	}
-	a.bytes.Add(float64(size))
-	// The summary must describe exactly the stored octets; if it cannot be
-	// kept, the message is stored without one and readers parse the blob.
-	var meta []byte
-	if sum := parser.Summary(); sum.Size != size {
-		a.log.Error("message summary does not match the stored body", "blob", blob, "summary_size", sum.Size, "size", size)
-	} else if meta, err = sum.MarshalBinary(); err != nil {
-		a.log.Error("encoding message summary", "blob", blob, "err", err)
-		meta = nil
-	} else if sum.Anomalies != 0 {
-		a.log.Debug("malformed message stored", "blob", blob, "anomalies", sum.Anomalies.String())
-	}
-	results := make([]error, len(m.Recipients))
 	first := map[string]int{} // user -> index of its first recipient
 	var unique []int
 	for i, r := range m.Recipients {
@@ -213,7 +205,49 @@ func (a *Agent) Deliver(ctx context.Context, m Message) ([]error, error) {
 			unique = append(unique, i)
 		}
 	}
-	nm := store.NewMessage{Blob: blob, Size: size, InternalDate: m.ReceivedAt, Meta: meta}
+	parser := mime.NewParser()
+	body := io.TeeReader(m.Body, parser)
+	nm := store.NewMessage{InternalDate: m.ReceivedAt}
+	if len(unique) == 1 {
+		// One mailbox: a body that fits inlineMax goes to the store with
+		// the append, in one write.
+		bufp := inlineBufs.Get().(*[]byte)
+		defer inlineBufs.Put(bufp)
+		buf := *bufp
+		n, err := io.ReadFull(body, buf)
+		switch {
+		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+			if max := a.opts.MaxMessageBytes; max > 0 && int64(n) > max {
+				return nil, fmt.Errorf("delivery: storing body: %d octets, over the limit of %d", n, max)
+			}
+			nm.Body, nm.Size = buf[:n], int64(n)
+		case err != nil:
+			return nil, fmt.Errorf("delivery: reading body: %w", err)
+		default:
+			body = io.MultiReader(bytes.NewReader(buf[:n]), body)
+		}
+	}
+	if nm.Body == nil {
+		blob, size, err := a.st.PutBlob(ctx, body, a.opts.MaxMessageBytes)
+		if err != nil {
+			return nil, fmt.Errorf("delivery: storing body: %w", err)
+		}
+		nm.Blob, nm.Size = blob, size
+	}
+	a.bytes.Add(float64(nm.Size))
+	// The summary must describe exactly the stored octets; if it cannot be
+	// kept, the message is stored without one and readers parse the blob.
+	if sum := parser.Summary(); sum.Size != nm.Size {
+		a.log.Error("message summary does not match the stored body", "summary_size", sum.Size, "size", nm.Size)
+	} else if meta, err := sum.MarshalBinary(); err != nil {
+		a.log.Error("encoding message summary", "err", err)
+	} else {
+		nm.Meta = meta
+		if sum.Anomalies != 0 {
+			a.log.Debug("malformed message stored", "anomalies", sum.Anomalies.String())
+		}
+	}
+	results := make([]error, len(m.Recipients))
 	if len(unique) == 1 {
 		results[unique[0]] = a.appendInbox(ctx, m.Recipients[unique[0]].User, nm)
 	} else {

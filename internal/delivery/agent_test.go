@@ -243,3 +243,40 @@ func TestDeliverStoresSummary(t *testing.T) {
 		t.Errorf("summary size %d (message %d), base subject %q", got.Size, msgs[0].Size, got.BaseSubject)
 	}
 }
+
+// A body to one mailbox goes inline with the append up to inlineMax and
+// through PutBlob beyond; either way it is stored byte-exact with a summary
+// of exactly those octets.
+func TestDeliverBodySizes(t *testing.T) {
+	a, e := setup(t)
+	ctx := context.Background()
+	r, err := a.Resolve(ctx, addr(t, "alice@example.test"), ResolveOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for i, n := range []int{0, 1, inlineMax - 1, inlineMax, inlineMax + 1, 3*inlineMax + 17} {
+		body := "Subject: " + strings.Repeat(string(rune('a'+i)), n)
+		body = body[:n]
+		want = append(want, body)
+		res, err := a.Deliver(ctx, Message{Recipients: []Recipient{r}, Body: iotest.HalfReader(strings.NewReader(body)), ReceivedAt: time.Now()})
+		if err != nil || res[0] != nil {
+			t.Fatalf("Deliver of %d octets = %v, %v", n, res, err)
+		}
+	}
+	got := readInbox(t, e, "alice@example.test")
+	if len(got) != len(want) {
+		t.Fatalf("inbox has %d messages, want %d", len(got), len(want))
+	}
+	mb, _ := e.GetMailbox(ctx, "alice@example.test", "INBOX")
+	msgs, _ := e.ListMessages(ctx, mb.ID, 1, 100)
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("message %d: stored %d octets, want %d", i, len(got[i]), len(want[i]))
+		}
+		sum, err := mime.Unmarshal(msgs[i].Meta)
+		if err != nil || sum.Size != int64(len(want[i])) || msgs[i].Size != sum.Size {
+			t.Errorf("message %d: size %d, summary size %d (%v), want %d", i, msgs[i].Size, sum.Size, err, len(want[i]))
+		}
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"time"
 )
@@ -121,12 +122,34 @@ type Message struct {
 }
 
 // NewMessage is a message to append; the engine assigns UID and ModSeq.
+// Its body is either a blob stored before (Blob) or given inline (Body);
+// exactly one of the two is set.
 type NewMessage struct {
-	Blob         ID
+	Blob ID
+	// Body, given instead of Blob, is the whole message: Append stores it
+	// as a new blob referenced by this message alone, written with the
+	// append itself (one write instead of two for a message delivered to
+	// one mailbox). Size must equal len(Body). Append does not keep Body.
+	Body         []byte
 	Size         int64
 	Flags        []string
 	InternalDate time.Time
 	Meta         []byte
+}
+
+// Check reports, as ErrInvalid, a NewMessage that Append must refuse.
+func (nm NewMessage) Check() error {
+	switch {
+	case nm.Size < 0:
+		return fmt.Errorf("%w: negative message size", ErrInvalid)
+	case nm.Body != nil && !nm.Blob.IsZero():
+		return fmt.Errorf("%w: message with both a blob and an inline body", ErrInvalid)
+	case nm.Body == nil && nm.Blob.IsZero():
+		return fmt.Errorf("%w: message without body", ErrInvalid)
+	case nm.Body != nil && int64(len(nm.Body)) != nm.Size:
+		return fmt.Errorf("%w: inline body of %d octets with size %d", ErrInvalid, len(nm.Body), nm.Size)
+	}
+	return nil
 }
 
 // AppendOptions qualify an Append.

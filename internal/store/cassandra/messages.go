@@ -1,6 +1,7 @@
 package cassandra
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -36,8 +37,17 @@ func (e *Engine) Append(ctx context.Context, mailbox store.ID, msgs []store.NewM
 		if err != nil {
 			return nil, err
 		}
-		if nm.Size < 0 || nm.Blob.IsZero() {
-			return nil, fmt.Errorf("%w: message without body", store.ErrInvalid)
+		if err := nm.Check(); err != nil {
+			return nil, err
+		}
+		if nm.Body != nil {
+			// An inline body is stored first like any other; this engine
+			// has no write that could carry it with the append.
+			id, _, err := e.PutBlob(ctx, bytes.NewReader(nm.Body), 0)
+			if err != nil {
+				return nil, err
+			}
+			nm.Blob = id
 		}
 		if !checked[nm.Blob] {
 			checked[nm.Blob] = true

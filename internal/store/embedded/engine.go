@@ -27,7 +27,9 @@
 // Bodies are written by PutBlob outside the committer with unsynced writes;
 // the WAL is sequential, so the synced commit of the Append that references
 // a blob makes the blob durable too. Until its first reference a blob is
-// marked pending; pending blobs are reclaimed at open and periodically.
+// marked pending; pending blobs are reclaimed at open and periodically. A
+// body given inline to Append (store.NewMessage.Body) is written by the
+// committer with its one reference, in the same batch, and needs no mark.
 package embedded
 
 import (

@@ -25,10 +25,13 @@ func (e *Engine) Append(ctx context.Context, mailbox store.ID, msgs []store.NewM
 		if err != nil {
 			return nil, err
 		}
-		if nm.Size < 0 || nm.Blob.IsZero() {
-			return nil, fmt.Errorf("%w: message without body", store.ErrInvalid)
+		if err := nm.Check(); err != nil {
+			return nil, err
 		}
 		prepared[i] = store.Message{Flags: flags, InternalDate: nm.InternalDate.UTC(), Size: nm.Size, Blob: nm.Blob, Meta: nm.Meta}
+		if nm.Body != nil {
+			prepared[i].Blob = newBlobID()
+		}
 		total += nm.Size
 	}
 	var out []store.Message
@@ -60,7 +63,9 @@ func (e *Engine) Append(ctx context.Context, mailbox store.ID, msgs []store.NewM
 		m.HighestModSeq++
 		out = make([]store.Message, len(prepared))
 		for i, msg := range prepared {
-			if err := t.addBlobRef(msg.Blob, 1); err != nil {
+			if body := msgs[i].Body; body != nil {
+				t.putInlineBlob(msg.Blob, body)
+			} else if err := t.addBlobRef(msg.Blob, 1); err != nil {
 				return err
 			}
 			msg.UID = m.UIDNext

@@ -185,6 +185,18 @@ func (t *txn) addUsage(user string, bytes, msgs int64) error {
 	return nil
 }
 
+// putInlineBlob stores body as a new blob with one reference, in chunks as
+// PutBlob would. It needs no pending mark: the blob and its reference
+// commit together or not at all.
+func (t *txn) putInlineBlob(id store.ID, body []byte) {
+	var n uint32
+	for off := 0; off < len(body); off += chunkSize {
+		t.set(chunkKey(id, n), body[off:min(off+chunkSize, len(body))])
+		n++
+	}
+	t.set(blobKey(id), encodeBlob(blobRecord{Size: int64(len(body)), Chunks: n, Refs: 1}))
+}
+
 // addBlobRef adjusts a blob's reference count by delta, deleting the blob
 // when it drops to zero and its pending mark when it is first referenced.
 func (t *txn) addBlobRef(id store.ID, delta int64) error {

@@ -40,6 +40,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"Flags", testFlags},
 		{"Expunge", testExpunge},
 		{"SharedBlob", testSharedBlob},
+		{"InlineBody", testInlineBody},
 		{"DeleteUser", testDeleteUser},
 		{"ConcurrentAppendOrder", testConcurrentAppend},
 	}
@@ -540,6 +541,79 @@ func testSharedBlob(t *testing.T, s store.Store) {
 	}
 	_, err = s.OpenBlob(ctx(), id)
 	wantErr(t, "blob after last reference", err, store.ErrNotFound)
+}
+
+// An inline body becomes a blob of its own, read back like any other,
+// released by expunge, and independent of the caller's buffer.
+func testInlineBody(t *testing.T, s store.Store) {
+	const u = "kim@example.test"
+	mustUser(t, s, u, 0)
+	inbox := mustMailbox(t, s, u, "INBOX")
+	large := bytes.Repeat([]byte("0123456789abcdef"), 40_000) // several chunks in any engine
+	bodies := [][]byte{[]byte("inline\r\n"), {}, large}
+	shared, n := mustBlob(t, s, "stored first\r\n")
+	var msgs []store.NewMessage
+	for _, b := range bodies {
+		msgs = append(msgs, store.NewMessage{Body: bytes.Clone(b), Size: int64(len(b)), InternalDate: time.Now()})
+	}
+	msgs = append(msgs, store.NewMessage{Blob: shared, Size: n, InternalDate: time.Now()})
+
+	bad := []store.NewMessage{
+		{Body: []byte("x"), Blob: shared, Size: 1},
+		{Body: []byte("xy"), Size: 1},
+		{Size: 1},
+	}
+	for i, nm := range bad {
+		_, err := s.Append(ctx(), inbox.ID, []store.NewMessage{msgs[0], nm}, store.AppendOptions{})
+		wantErr(t, fmt.Sprintf("invalid message %d", i), err, store.ErrInvalid)
+	}
+	if m := mustMailbox(t, s, u, "INBOX"); m.Messages != 0 {
+		t.Fatalf("refused appends left %d messages", m.Messages)
+	}
+
+	out, err := s.Append(ctx(), inbox.ID, msgs, store.AppendOptions{})
+	if err != nil {
+		t.Fatalf("Append: %v", err)
+	}
+	for _, nm := range msgs {
+		for i := range nm.Body {
+			nm.Body[i] = 'X' // the engine must not have kept the caller's buffer
+		}
+	}
+	seen := map[store.ID]bool{}
+	for i, b := range bodies {
+		m := out[i]
+		if m.Blob.IsZero() || seen[m.Blob] || m.Blob == shared || m.Size != int64(len(b)) {
+			t.Fatalf("inline message %d stored as %+v", i, m)
+		}
+		seen[m.Blob] = true
+		r, err := s.OpenBlob(ctx(), m.Blob)
+		if err != nil {
+			t.Fatalf("OpenBlob of inline body %d: %v", i, err)
+		}
+		got, err := io.ReadAll(r)
+		r.Close()
+		if err != nil || !bytes.Equal(got, b) {
+			t.Fatalf("inline body %d read back as %d octets (%v), want %d", i, len(got), err, len(b))
+		}
+	}
+	if out[3].Blob != shared {
+		t.Fatalf("stored blob replaced: %+v", out[3])
+	}
+	var total int64
+	for _, b := range bodies {
+		total += int64(len(b))
+	}
+	if us, _ := s.Usage(ctx(), u); us != (store.Usage{Bytes: total + n, Messages: 4}) {
+		t.Fatalf("usage = %+v, want %d octets in 4 messages", us, total+n)
+	}
+	if _, _, err := s.Expunge(ctx(), inbox.ID, []uint32{out[0].UID, out[2].UID}); err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range []int{0, 2} {
+		_, err := s.OpenBlob(ctx(), out[i].Blob)
+		wantErr(t, "inline blob after expunge", err, store.ErrNotFound)
+	}
 }
 
 func testDeleteUser(t *testing.T, s store.Store) {
