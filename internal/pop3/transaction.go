@@ -1,6 +1,7 @@
 package pop3
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -101,7 +102,7 @@ func (s *session) cmdRetr(ctx context.Context, cmd Command) error {
 	if err != nil {
 		return err
 	}
-	return s.send(ctx, i, fmt.Sprintf("+OK %d octets", s.msgs[i].Size), newDotWriter(s.conn))
+	return s.send(ctx, i, fmt.Sprintf("+OK %d octets", s.msgs[i].Size), newDotWriter(s.bodyWriter()))
 }
 
 // cmdTop: RFC 1939 section 7, "TOP msg n": the header, the blank line and
@@ -118,7 +119,18 @@ func (s *session) cmdTop(ctx context.Context, cmd Command) error {
 	if !ok {
 		return errSyntax
 	}
-	return s.send(ctx, i, "+OK top of message follows", newTopWriter(s.conn, lines))
+	return s.send(ctx, i, "+OK top of message follows", newTopWriter(s.bodyWriter(), lines))
+}
+
+// bodyWriter returns the session's buffer for message bodies, in front of
+// the connection's own small one: the dot-stuffer writes a line at a time,
+// and a copyBufSize buffer turns a typical message into one or two writes
+// to the socket instead of one per 4 KiB.
+func (s *session) bodyWriter() *bufio.Writer {
+	if s.body == nil {
+		s.body = bufio.NewWriterSize(s.conn, copyBufSize)
+	}
+	return s.body
 }
 
 // send streams message i through w after the status line. Once the status
@@ -138,6 +150,11 @@ func (s *session) send(ctx context.Context, i int, status string, w *dotWriter) 
 	_, err = io.CopyBuffer(w, rc, s.copyBuf)
 	if err == nil || errors.Is(err, errTopDone) {
 		err = w.Close()
+	}
+	// What was produced goes out even after a failure: the client sees a
+	// truncated response.
+	if ferr := s.body.Flush(); err == nil {
+		err = ferr
 	}
 	if err != nil {
 		s.log.Warn("pop3: sending message failed", "msg", i+1, "err", err)
