@@ -321,6 +321,15 @@ func (e *Engine) commitGroup(group []*request) {
 		}
 		e.fenceMu.Unlock()
 		err = b.Commit(pebble.Sync)
+		// The hot cache takes the group's values before the fences lift,
+		// so that no reader sees them disagree (hotCache).
+		if err != nil {
+			e.hot.reset()
+		} else {
+			for k, v := range t.grouped {
+				e.hot.put(k, v)
+			}
+		}
 		e.fenceMu.Lock()
 		for id := range t.touched {
 			delete(e.fence, id)
@@ -331,11 +340,6 @@ func (e *Engine) commitGroup(group []*request) {
 		if err != nil {
 			e.log.Error("store commit failed", "err", err, "group", ok)
 			err = fmt.Errorf("embedded: commit: %w", err)
-			e.hot.reset()
-		} else {
-			for k, v := range t.grouped {
-				e.hot.put(k, v)
-			}
 		}
 	}
 	for _, r := range group {

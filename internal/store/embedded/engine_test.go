@@ -381,3 +381,62 @@ func TestHotCacheBounded(t *testing.T) {
 		t.Errorf("last written entry missing: %q %v", v, ok)
 	}
 }
+
+// Readers served from the hot cache must never see a mailbox record older
+// than messages they have already listed, nor one going backwards, while
+// groups commit under them.
+func TestHotCacheReadersSeeNoOlderRecord(t *testing.T) {
+	ctx := context.Background()
+	e := open(t, t.TempDir())
+	defer e.Close()
+	if err := e.CreateUser(ctx, store.User{Address: "a@example.test"}); err != nil {
+		t.Fatal(err)
+	}
+	inbox, _ := e.GetMailbox(ctx, "a@example.test", "INBOX")
+	stop := make(chan struct{})
+	var writers sync.WaitGroup
+	for w := range 4 {
+		writers.Add(1)
+		go func() {
+			defer writers.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				m := appendOne(t, e, inbox.ID, fmt.Sprintf("w%d m%d", w, i))
+				if i%4 == 0 {
+					if _, _, err := e.Expunge(ctx, inbox.ID, []uint32{m.UID}); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	var last uint32
+	for range 300 {
+		m1, err := e.GetMailboxByID(ctx, inbox.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs, err := e.ListMessages(ctx, inbox.ID, 1, 1<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m2, err := e.GetMailboxByID(ctx, inbox.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m1.UIDNext < last || m2.UIDNext < m1.UIDNext {
+			t.Fatalf("UIDNEXT went backwards: %d, then %d, then %d", last, m1.UIDNext, m2.UIDNext)
+		}
+		last = m2.UIDNext
+		if n := len(msgs); n > 0 && msgs[n-1].UID >= m2.UIDNext {
+			t.Fatalf("listed UID %d, then read UIDNEXT %d", msgs[n-1].UID, m2.UIDNext)
+		}
+	}
+	close(stop)
+	writers.Wait()
+}

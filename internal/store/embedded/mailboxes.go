@@ -73,7 +73,7 @@ func (e *Engine) GetMailbox(ctx context.Context, user, name string) (store.Mailb
 }
 
 func (e *Engine) GetMailboxByID(ctx context.Context, id store.ID) (store.Mailbox, error) {
-	v, err := e.get(e.db, mailboxKey(id))
+	v, err := e.getCommitted(mailboxKey(id))
 	if err != nil {
 		return store.Mailbox{}, fmt.Errorf("mailbox %s: %w", id, err)
 	}

@@ -42,7 +42,7 @@ func (e *Engine) CreateUser(ctx context.Context, u store.User) error {
 }
 
 func (e *Engine) GetUser(ctx context.Context, address string) (store.User, error) {
-	v, err := e.get(e.db, userKey(address))
+	v, err := e.getCommitted(userKey(address))
 	if err != nil {
 		return store.User{}, fmt.Errorf("user %s: %w", address, err)
 	}
