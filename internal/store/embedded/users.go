@@ -176,7 +176,7 @@ func (e *Engine) ListAliases(ctx context.Context) ([][2]string, error) {
 }
 
 func (e *Engine) Resolve(ctx context.Context, address string) (string, error) {
-	if _, err := e.get(e.db, userKey(address)); err == nil {
+	if _, err := e.getCommitted(userKey(address)); err == nil {
 		return address, nil
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return "", err
@@ -189,7 +189,7 @@ func (e *Engine) Resolve(ctx context.Context, address string) (string, error) {
 }
 
 func (e *Engine) Usage(ctx context.Context, user string) (store.Usage, error) {
-	v, err := e.get(e.db, usageKey(user))
+	v, err := e.getCommitted(usageKey(user))
 	if errors.Is(err, store.ErrNotFound) {
 		if _, err := e.GetUser(ctx, user); err != nil {
 			return store.Usage{}, err
