@@ -50,9 +50,6 @@ import (
 	"quill/internal/store"
 )
 
-// walMinSyncInterval is the shortest time between two WAL syncs.
-const walMinSyncInterval = 300 * time.Microsecond
-
 // ErrClosed is returned by operations on a closed engine.
 var ErrClosed = errors.New("embedded: engine closed")
 
@@ -131,12 +128,6 @@ func Open(dir string, opts Options) (*Engine, error) {
 		Logger:       pebbleLogger{opts.Logger},
 		FS:           opts.FS,
 	}
-	// When syncs come faster than this, Pebble holds the next one back so
-	// that more groups share it: under the benchmark mix groups grew from
-	// about 3.9 to 5.1 transactions, a quarter fewer fsyncs per message,
-	// and CPU per message fell 3% (docs/performance.md). A lone commit after
-	// a quiet spell is never delayed.
-	popts.WALMinSyncInterval = func() time.Duration { return walMinSyncInterval }
 	// Bloom filters: most lookups that miss (alias checks, pending marks,
 	// unknown users) then cost no table reads.
 	for i := range popts.Levels {
