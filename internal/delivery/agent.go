@@ -217,8 +217,8 @@ func (a *Agent) Deliver(ctx context.Context, m Message) ([]error, error) {
 		n, err := io.ReadFull(body, buf)
 		switch {
 		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
-			if max := a.opts.MaxMessageBytes; max > 0 && int64(n) > max {
-				return nil, fmt.Errorf("delivery: storing body: %d octets, over the limit of %d", n, max)
+			if limit := a.opts.MaxMessageBytes; limit > 0 && int64(n) > limit {
+				return nil, fmt.Errorf("delivery: storing body: %d octets, over the limit of %d", n, limit)
 			}
 			nm.Body, nm.Size = buf[:n], int64(n)
 		case err != nil:

@@ -80,7 +80,7 @@ func (t *txn) get(k []byte) ([]byte, error) {
 		}
 		return t.ops[i].value, nil
 	}
-	if !hotKey(k) || t.e.hot == nil {
+	if !hotKey(k) {
 		return t.e.get(t.b, k)
 	}
 	v, ok := t.grouped[string(k)]
