@@ -77,12 +77,18 @@ func powerLoss(t *testing.T, unsyncedPercent int, seed int64) {
 				}
 				box := boxes[rng.IntN(users)]
 				body := fmt.Sprintf("writer %d message %d %s\r\n", w, i, strings.Repeat("x", rng.IntN(64<<10)))
-				id, n, err := e.PutBlob(ctx, strings.NewReader(body), 0)
-				if err != nil {
-					t.Error(err)
-					return
+				// Every other message goes inline with its append; the rest
+				// through PutBlob first.
+				nm := store.NewMessage{Body: []byte(body), Size: int64(len(body))}
+				if i%2 == 0 {
+					id, n, err := e.PutBlob(ctx, strings.NewReader(body), 0)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					nm = store.NewMessage{Blob: id, Size: n}
 				}
-				msgs, err := e.Append(ctx, box, []store.NewMessage{{Blob: id, Size: n}}, store.AppendOptions{})
+				msgs, err := e.Append(ctx, box, []store.NewMessage{nm}, store.AppendOptions{})
 				if err != nil {
 					t.Error(err)
 					return
