@@ -6,7 +6,7 @@
 // the cheapest durable SMTP server on this machine. One invocation, as root
 // on Debian:
 //
-//	go run ./bench/compare [--users 10000 --clients 16 --duration 20s --rounds 2]
+//	go run ./bench/compare [--users 10000 --clients 16 --duration 20s --rounds 2] [--retrieval imap]
 //
 // It installs the Debian packages it lacks (postfix, dovecot-core,
 // dovecot-pop3d, dovecot-lmtpd, dovecot-imapd), builds quill and
@@ -56,7 +56,7 @@ type options struct {
 	users, clients, rounds, probes, sample int
 	duration, budget                       time.Duration
 	zipf, pop3Share, rate                  float64
-	sizes, out                             string
+	sizes, out, retrieval                  string
 	skipInstall, keep                      bool
 	only                                   string
 	kdf                                    string
@@ -73,7 +73,8 @@ func main() {
 	flag.DurationVar(&o.duration, "duration", 20*time.Second, "load phase of each run")
 	flag.DurationVar(&o.budget, "budget", 30*time.Minute, "bound on the whole benchmark")
 	flag.Float64Var(&o.zipf, "zipf", 1, "Zipf exponent")
-	flag.Float64Var(&o.pop3Share, "pop3-share", 0.1, "share of transactions that are POP3 sessions")
+	flag.Float64Var(&o.pop3Share, "pop3-share", 0.1, "share of transactions that are retrieval sessions")
+	flag.StringVar(&o.retrieval, "retrieval", loadgen.RetrievalPOP3, "protocol of the retrieval sessions, probes and drain: pop3 or imap")
 	flag.Float64Var(&o.rate, "rate", 0, "open loop offered tx/s (0: closed loop)")
 	flag.StringVar(&o.sizes, "sizes", "lognormal", "size distribution (see quill-load mix -h)")
 	flag.StringVar(&o.out, "out", "", "write every run's summary as JSON to this file")
@@ -101,7 +102,7 @@ var debianPackages = []string{"postfix", "dovecot-core", "dovecot-pop3d", "dovec
 
 func install(ctx context.Context) error {
 	missing := false
-	for _, f := range []string{"/usr/sbin/postfix", "/usr/sbin/dovecot", "/usr/lib/dovecot/lmtp", "/usr/lib/dovecot/pop3"} {
+	for _, f := range []string{"/usr/sbin/postfix", "/usr/sbin/dovecot", "/usr/lib/dovecot/lmtp", "/usr/lib/dovecot/pop3", "/usr/lib/dovecot/imap"} {
 		if _, err := os.Stat(f); err != nil {
 			missing = true
 		}
@@ -119,6 +120,9 @@ func install(ctx context.Context) error {
 }
 
 func run(ctx context.Context, o options) (err error) {
+	if o.retrieval != loadgen.RetrievalPOP3 && o.retrieval != loadgen.RetrievalIMAP {
+		return fmt.Errorf("--retrieval %q: want pop3 or imap", o.retrieval)
+	}
 	if os.Geteuid() != 0 {
 		return errors.New("run as root: Postfix's master starts as root and Dovecot delivers as the mail user")
 	}
@@ -177,11 +181,17 @@ func run(ctx context.Context, o options) (err error) {
 		return fmt.Errorf("provisioning quill: %w", err)
 	}
 	fmt.Fprintf(os.Stderr, "compare: provisioned %d users in quill's store in %v\n", len(all), time.Since(t0).Round(time.Millisecond))
+	// IMAP is served only when the mix retrieves with it, so that POP3
+	// runs start Quill as they always did.
+	imapAddr := "off"
+	if o.retrieval == loadgen.RetrievalIMAP {
+		imapAddr = "127.0.0.1:0"
+	}
 	quill, qaddrs, err := startChild(ctx, root, "quill", true, filepath.Join(bin, "quill"), "serve",
 		"--data", qdata, "--domain", domain, "--hostname", "quill.bench.invalid", "--print-listeners",
 		"--smtp-addr", "127.0.0.1:0", "--pop3-addr", "127.0.0.1:0",
 		"--submission-addr", "off", "--submissions-addr", "off", "--lmtp-addr", "off", "--pop3s-addr", "off",
-		"--imap-addr", "off", "--imaps-addr", "off", "--admin-addr", adminAddr(o))
+		"--imap-addr", imapAddr, "--imaps-addr", "off", "--admin-addr", adminAddr(o))
 	if err != nil {
 		return err
 	}
@@ -222,6 +232,7 @@ func run(ctx context.Context, o options) (err error) {
 	base := loadgen.MixConfig{
 		Spec:         loadgen.Spec{From: "loadgen@quill-load.invalid", Sizes: sizes, Rcpts: z},
 		Password:     password,
+		Retrieval:    o.retrieval,
 		Mix:          loadgen.Mix{POP3PerMille: uint64(o.pop3Share*1000 + 0.5)},
 		Clients:      o.clients,
 		Rate:         o.rate,
@@ -232,8 +243,8 @@ func run(ctx context.Context, o options) (err error) {
 		Timeout:      time.Minute,
 	}
 	targets := []target{
-		{name: "quill", smtp: qaddrs["smtp"], pop3: qaddrs["pop3"], procs: map[string]int{"quill": quill.pid()}, alive: quill.running},
-		{name: "peer", smtp: pr.smtpAddr, pop3: pr.pop3Addr, procs: peerProcs, alive: pr.dovecot.running,
+		{name: "quill", smtp: qaddrs["smtp"], pop3: qaddrs["pop3"], imap: qaddrs["imap"], procs: map[string]int{"quill": quill.pid()}, alive: quill.running},
+		{name: "peer", smtp: pr.smtpAddr, pop3: pr.pop3Addr, imap: pr.imapAddr, procs: peerProcs, alive: pr.dovecot.running,
 			settle: func(ctx context.Context) error { return pr.waitQueueEmpty(ctx, 5*time.Minute) }},
 		// The sink stores nothing: SMTP only, no retrieval, no probes.
 		{name: "sink", smtp: saddrs["smtp"], procs: map[string]int{"sink": sink.pid()}, alive: sink.running, smtpOnly: true},
@@ -259,7 +270,7 @@ func run(ctx context.Context, o options) (err error) {
 	for round := 0; round < o.rounds; round++ {
 		for _, t := range targets {
 			cfg := base
-			cfg.SMTPAddr, cfg.POP3Addr, cfg.Processes = t.smtp, t.pop3, t.procs
+			cfg.SMTPAddr, cfg.POP3Addr, cfg.IMAPAddr, cfg.Processes = t.smtp, t.pop3, t.imap, t.procs
 			cfg.Spec.Seed = seed + uint64(round)
 			cfg.Spec.RunID = fmt.Sprintf("%s-r%d-%s", strconv.FormatUint(seed, 36), round, t.name)
 			if t.smtpOnly {
@@ -302,19 +313,19 @@ func run(ctx context.Context, o options) (err error) {
 		}
 	}
 	fmt.Printf("machine: %s\n", machine())
-	fmt.Printf("workload: %d users, zipf s=%v, sizes %s, %.0f%% POP3, %d clients, %v per run, %d rounds\n\n",
-		o.users, o.zipf, o.sizes, 100*o.pop3Share, o.clients, o.duration, o.rounds)
+	fmt.Printf("workload: %d users, zipf s=%v, sizes %s, %.0f%% %s, %d clients, %v per run, %d rounds\n\n",
+		o.users, o.zipf, o.sizes, 100*o.pop3Share, strings.ToUpper(o.retrieval), o.clients, o.duration, o.rounds)
 	return printComparison(os.Stdout, results)
 }
 
 // target is one server under test.
 type target struct {
-	name       string
-	smtp, pop3 string
-	procs      map[string]int
-	alive      func() error
-	settle     func(context.Context) error // after each run
-	smtpOnly   bool
+	name             string
+	smtp, pop3, imap string
+	procs            map[string]int
+	alive            func() error
+	settle           func(context.Context) error // after each run
+	smtpOnly         bool
 }
 
 // provisionQuill loads the users straight into a new embedded store, as

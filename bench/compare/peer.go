@@ -12,7 +12,7 @@ import (
 )
 
 // peer is a private Postfix (inbound SMTP) delivering over LMTP to a
-// private Dovecot (LMTP and POP3, Maildir, passwd-file users), both on
+// private Dovecot (LMTP, POP3 and IMAP, Maildir, passwd-file users), both on
 // loopback ports chosen at run time, under one temporary root.
 //
 // Durability equal to Quill's: Postfix's cleanup fsyncs the queue file
@@ -20,11 +20,11 @@ import (
 // Dovecot with mail_fsync = always fsyncs each Maildir file and directory
 // before LMTP answers 250, after which Postfix removes its queue file.
 type peer struct {
-	root               string
-	smtpAddr, pop3Addr string
-	pfCfg, pfQueue     string
-	dovecot            *child
-	postfixUp          bool
+	root                         string
+	smtpAddr, pop3Addr, imapAddr string
+	pfCfg, pfQueue               string
+	dovecot                      *child
+	postfixUp                    bool
 }
 
 // startPeer configures and starts Dovecot and Postfix for domain and the
@@ -34,15 +34,17 @@ func startPeer(ctx context.Context, root, domain string, users []string, hash st
 	smtpPort, err1 := freePort()
 	lmtpPort, err2 := freePort()
 	pop3Port, err3 := freePort()
-	for _, err := range []error{err1, err2, err3} {
+	imapPort, err4 := freePort()
+	for _, err := range []error{err1, err2, err3, err4} {
 		if err != nil {
 			return nil, err
 		}
 	}
 	p.smtpAddr = fmt.Sprintf("127.0.0.1:%d", smtpPort)
 	p.pop3Addr = fmt.Sprintf("127.0.0.1:%d", pop3Port)
+	p.imapAddr = fmt.Sprintf("127.0.0.1:%d", imapPort)
 	lmtpAddr := fmt.Sprintf("127.0.0.1:%d", lmtpPort)
-	if err := p.startDovecot(ctx, domain, users, hash, lmtpPort, pop3Port); err != nil {
+	if err := p.startDovecot(ctx, domain, users, hash, lmtpPort, pop3Port, imapPort); err != nil {
 		p.stop(ctx)
 		return nil, err
 	}
@@ -53,7 +55,7 @@ func startPeer(ctx context.Context, root, domain string, users []string, hash st
 	return p, nil
 }
 
-func (p *peer) startDovecot(ctx context.Context, domain string, users []string, hash string, lmtpPort, pop3Port int) error {
+func (p *peer) startDovecot(ctx context.Context, domain string, users []string, hash string, lmtpPort, pop3Port, imapPort int) error {
 	dir := filepath.Join(p.root, "dovecot")
 	mail := filepath.Join(p.root, "maildirs")
 	for _, d := range []string{dir, filepath.Join(dir, "run"), filepath.Join(dir, "state"), mail} {
@@ -80,7 +82,7 @@ func (p *peer) startDovecot(ctx context.Context, domain string, users []string, 
 		return err
 	}
 	conf := fmt.Sprintf(`# Private Dovecot for the Quill benchmark (bench/compare).
-protocols = pop3 lmtp
+protocols = pop3 imap lmtp
 listen = 127.0.0.1
 base_dir = %[1]s/run
 state_dir = %[1]s/state
@@ -126,7 +128,8 @@ service pop3-login {
 }
 service imap-login {
   inet_listener imap {
-    port = 0
+    address = 127.0.0.1
+    port = %[9]d
   }
   inet_listener imaps {
     port = 0
@@ -135,7 +138,7 @@ service imap-login {
 protocol lmtp {
   postmaster_address = postmaster@%[8]s
 }
-`, dir, mail, uid, gid, passwd, lmtpPort, pop3Port, domain)
+`, dir, mail, uid, gid, passwd, lmtpPort, pop3Port, domain, imapPort)
 	cfg := filepath.Join(dir, "dovecot.conf")
 	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
 		return err
@@ -145,7 +148,7 @@ protocol lmtp {
 		return err
 	}
 	p.dovecot = c
-	for _, port := range []int{lmtpPort, pop3Port} {
+	for _, port := range []int{lmtpPort, pop3Port, imapPort} {
 		if err := waitListening(ctx, fmt.Sprintf("127.0.0.1:%d", port), c.running); err != nil {
 			log, _ := os.ReadFile(filepath.Join(dir, "dovecot.log"))
 			return fmt.Errorf("dovecot: %w\n%s", err, tail(log))
@@ -252,7 +255,7 @@ func (p *peer) startPostfix(ctx context.Context, domain string, smtpPort int, lm
 
 // processes returns the process trees to measure: Postfix's master (with
 // smtpd, cleanup, qmgr, lmtp beneath it) and Dovecot's master (with lmtp,
-// pop3-login, pop3, auth).
+// pop3-login, pop3, imap-login, imap, auth).
 func (p *peer) processes() (map[string]int, error) {
 	pf, err := readPID(filepath.Join(p.pfQueue, "pid", "master.pid"))
 	if err != nil {

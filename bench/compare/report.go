@@ -27,8 +27,8 @@ var figures = []figure{
 	{"retrieved msg/s", func(s *loadgen.MixSummary) (float64, bool) { return s.POP3.MsgPerSec, s.POP3.Sessions > 0 }},
 	{"smtp p50 ms", func(s *loadgen.MixSummary) (float64, bool) { return ms(s.SMTP.Latency.P50), true }},
 	{"smtp p99 ms", func(s *loadgen.MixSummary) (float64, bool) { return ms(s.SMTP.Latency.P99), true }},
-	{"pop3 session p50 ms", func(s *loadgen.MixSummary) (float64, bool) { return ms(s.POP3.Latency.P50), s.POP3.Sessions > 0 }},
-	{"pop3 login p50 ms", func(s *loadgen.MixSummary) (float64, bool) { return ms(s.POP3.Login.P50), s.POP3.Sessions > 0 }},
+	{"retrieval session p50 ms", func(s *loadgen.MixSummary) (float64, bool) { return ms(s.POP3.Latency.P50), s.POP3.Sessions > 0 }},
+	{"retrieval login p50 ms", func(s *loadgen.MixSummary) (float64, bool) { return ms(s.POP3.Login.P50), s.POP3.Sessions > 0 }},
 	{"e2e delivery p50 ms", func(s *loadgen.MixSummary) (float64, bool) { return ms(s.E2E.Latency.P50), s.E2E.Probes > 0 }},
 	{"e2e delivery p99 ms", func(s *loadgen.MixSummary) (float64, bool) { return ms(s.E2E.Latency.P99), s.E2E.Probes > 0 }},
 	{"cpu ms / delivered msg", func(s *loadgen.MixSummary) (float64, bool) {

@@ -6,6 +6,7 @@
 //	    --concurrency 16 --duration 10s --size 4700 [--json]
 //	quill-load mix --smtp-addr 127.0.0.1:2525 --pop3-addr 127.0.0.1:1110 \
 //	    --rcpt-domain example.test --password PW --users 10000 --duration 30s [--json]
+//	quill-load mix --retrieval imap --imap-addr 127.0.0.1:1143 ... (IMAP sessions)
 //	quill-load saturate ... (the mix flags) --latency-bound 100ms
 //
 // Recipients are user0000@DOMAIN .. user(N-1)@DOMAIN; the caller provisions
@@ -43,8 +44,9 @@ const usage = `usage: quill-load smtp|mix|saturate [flags]
 Sub-commands:
   smtp      deliver generated messages over persistent SMTP connections
   mix       the Porcupine mix: Zipf recipients, lognormal sizes, ~90% SMTP
-            deliveries and ~10% POP3 sessions; reports accepted, delivered
-            and retrieved msg/s, latencies, end-to-end delay and server CPU
+            deliveries and ~10% retrieval sessions, POP3 or (--retrieval imap
+            --imap-addr H:P) IMAP; reports accepted, delivered and retrieved
+            msg/s, latencies, end-to-end delay and server CPU
   saturate  the mix, open loop, at rising rates until a latency bound breaks
 `
 

@@ -25,6 +25,8 @@ func TestUsageErrors(t *testing.T) {
 		{"mix", "--smtp-addr", "127.0.0.1:1", "--rcpt-domain", "d.test", "--sizes", "gaussian"},
 		{"mix", "--smtp-addr", "127.0.0.1:1", "--rcpt-domain", "d.test", "--pop3-share", "2"},
 		{"mix", "--smtp-addr", "127.0.0.1:1", "--rcpt-domain", "d.test", "--pid", "quill"},
+		{"mix", "--smtp-addr", "127.0.0.1:1", "--rcpt-domain", "d.test", "--retrieval", "smtp"},
+		{"saturate", "--smtp-addr", "127.0.0.1:1", "--rcpt-domain", "d.test", "--retrieval", "IMAP4"},
 		{"saturate", "--smtp-addr", "127.0.0.1:1"},
 	} {
 		var out, errb bytes.Buffer

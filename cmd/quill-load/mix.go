@@ -30,21 +30,24 @@ func (p pidFlag) Set(v string) error {
 
 // mixFlags are the flags of the mix and saturate sub-commands.
 type mixFlags struct {
-	smtpAddr, pop3Addr, domain, password, sizes, from *string
-	users, clients, probes, sample                    *int
-	zipf, pop3Share, rate                             *float64
-	duration, drainTimeout, timeout, bound            *time.Duration
-	seed                                              *uint64
-	asJSON, verbose                                   *bool
-	pids                                              pidFlag
+	smtpAddr, pop3Addr, imapAddr, retrieval *string
+	domain, password, sizes, from           *string
+	users, clients, probes, sample          *int
+	zipf, pop3Share, rate                   *float64
+	duration, drainTimeout, timeout, bound  *time.Duration
+	seed                                    *uint64
+	asJSON, verbose                         *bool
+	pids                                    pidFlag
 }
 
 func addMixFlags(fs *flag.FlagSet) *mixFlags {
 	f := &mixFlags{
 		smtpAddr:     fs.String("smtp-addr", "", "SMTP listener `host:port` (required)"),
-		pop3Addr:     fs.String("pop3-addr", "", "POP3 listener `host:port` (needed unless --pop3-share 0 --probes 0 --sample 0)"),
+		pop3Addr:     fs.String("pop3-addr", "", "POP3 listener `host:port` (needed with --retrieval pop3 unless --pop3-share 0 --probes 0 --sample 0)"),
+		imapAddr:     fs.String("imap-addr", "", "IMAP listener `host:port` allowing LOGIN (needed with --retrieval imap, as --pop3-addr)"),
+		retrieval:    fs.String("retrieval", "pop3", "protocol of the retrieval sessions, the probes and the drain: pop3 or imap"),
 		domain:       fs.String("rcpt-domain", "", "recipient `domain` (required)"),
-		password:     fs.String("password", "", "every user's POP3 password"),
+		password:     fs.String("password", "", "every user's POP3/IMAP password"),
 		sizes:        fs.String("sizes", "lognormal", "size distribution: lognormal[:MEAN[:SIGMA[:MAX]]], fixed:N, uniform:MIN-MAX, cassmail-small, cassmail-large"),
 		from:         fs.String("from", "loadgen@quill-load.invalid", "envelope sender and From address"),
 		users:        fs.Int("users", 10000, "population: user0000@DOMAIN..."),
@@ -52,7 +55,7 @@ func addMixFlags(fs *flag.FlagSet) *mixFlags {
 		probes:       fs.Int("probes", 2, "end-to-end probe mailboxes probe00@DOMAIN... (provisioned by the caller; 0: no probes)"),
 		sample:       fs.Int("sample", 16, "mailboxes sampled for the delivered rate (0: not measured)"),
 		zipf:         fs.Float64("zipf", 1, "Zipf exponent of the recipients (0 uniform; large: all to few users)"),
-		pop3Share:    fs.Float64("pop3-share", 0.1, "share of transactions that are POP3 sessions"),
+		pop3Share:    fs.Float64("pop3-share", 0.1, "share of transactions that are retrieval sessions (POP3 or IMAP, see --retrieval)"),
 		rate:         fs.Float64("rate", 0, "open loop: offered transactions per second (0: closed loop)"),
 		duration:     fs.Duration("duration", 30*time.Second, "load phase"),
 		drainTimeout: fs.Duration("drain-timeout", time.Minute, "bound on the drain of the sample"),
@@ -85,6 +88,8 @@ func (f *mixFlags) config(fs *flag.FlagSet, stderr io.Writer) (loadgen.MixConfig
 		return loadgen.MixConfig{}, fmt.Errorf("--users, --clients and --duration must be positive")
 	case !(*f.pop3Share >= 0 && *f.pop3Share <= 1):
 		return loadgen.MixConfig{}, fmt.Errorf("--pop3-share must be in [0, 1]")
+	case *f.retrieval != loadgen.RetrievalPOP3 && *f.retrieval != loadgen.RetrievalIMAP:
+		return loadgen.MixConfig{}, fmt.Errorf("--retrieval %q: want pop3 or imap", *f.retrieval)
 	case fs.NArg() > 0:
 		return loadgen.MixConfig{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
@@ -106,7 +111,9 @@ func (f *mixFlags) config(fs *flag.FlagSet, stderr io.Writer) (loadgen.MixConfig
 	}
 	return loadgen.MixConfig{
 		SMTPAddr:     *f.smtpAddr,
+		Retrieval:    *f.retrieval,
 		POP3Addr:     *f.pop3Addr,
+		IMAPAddr:     *f.imapAddr,
 		Spec:         loadgen.Spec{Seed: *f.seed, RunID: strconv.FormatUint(*f.seed, 36), From: *f.from, Sizes: sizes, Rcpts: z},
 		Password:     *f.password,
 		Mix:          loadgen.Mix{POP3PerMille: uint64(*f.pop3Share*1000 + 0.5)},
@@ -150,7 +157,7 @@ func mixCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}{*f.seed, *f.sizes, *f.users, sum}
 		return writeJSON(stdout, stderr, out)
 	}
-	fmt.Fprintf(stdout, "seed %d, sizes %s, %d users, zipf s=%v\n", *f.seed, *f.sizes, *f.users, *f.zipf)
+	fmt.Fprintf(stdout, "seed %d, sizes %s, %d users, zipf s=%v, retrieval %s\n", *f.seed, *f.sizes, *f.users, *f.zipf, *f.retrieval)
 	if err := sum.WriteTable(stdout); err != nil {
 		return 1
 	}

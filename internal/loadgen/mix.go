@@ -12,17 +12,19 @@ import (
 	"time"
 )
 
-// The Porcupine mix: SMTP deliveries and POP3 sessions interleaved on the
-// same clients, and the figures that tell a server that delivers from one
-// that only queues.
+// The Porcupine mix: SMTP deliveries and retrieval sessions (POP3, or
+// IMAP with Retrieval "imap") interleaved on the same clients, and the
+// figures that tell a server that delivers from one that only queues.
 //
 // Outline of RunMix:
 //
 //	workers (Clients of them) claim transaction numbers i = 0, 1, ...;
 //	  Mix.Kind(i) says SMTP or POP3; open loop waits for start + i/Rate;
 //	  SMTP: one transaction on the worker's persistent connection;
-//	  POP3: one session (USER, PASS, STAT, RETR all, DELE all, QUIT)
-//	    for a user drawn from POP3Users.
+//	  POP3: one retrieval session for a user drawn from POP3Users:
+//	    POP3 (USER, PASS, STAT, RETR all, DELE all, QUIT) or IMAP
+//	    (LOGIN, SELECT, FETCH, STORE \Deleted, EXPUNGE, LOGOUT; see
+//	    imapSession), never two at once for one user in IMAP mode.
 //	one prober sends a message to a probe mailbox and logs in until it
 //	  is visible: the end-to-end latency, one sample at a time.
 //	after Duration: workers finish the transaction in flight; then the
@@ -39,12 +41,13 @@ type TxKind uint8
 
 const (
 	TxSMTP TxKind = iota // one mail transaction
-	TxPOP3               // one POP3 session that empties a maildrop
+	TxPOP3               // one retrieval session that empties a mailbox
 )
 
-// Mix spreads POP3 sessions evenly among SMTP transactions: of any
-// 1,000 consecutive transactions exactly POP3PerMille are POP3, and they
-// never bunch up (transaction i is POP3 when floor((i+1)p) > floor(ip)).
+// Mix spreads retrieval sessions evenly among SMTP transactions: of any
+// 1,000 consecutive transactions exactly POP3PerMille are retrievals (POP3
+// or IMAP, as MixConfig.Retrieval says), and they never bunch up
+// (transaction i is one when floor((i+1)p) > floor(ip)).
 type Mix struct {
 	POP3PerMille uint64 // 0..1000
 }
@@ -64,9 +67,15 @@ func (m Mix) Kind(i uint64) TxKind {
 // MixConfig describes a run of the mix.
 type MixConfig struct {
 	SMTPAddr string
-	// POP3Addr is the plaintext POP3 listener; needed when the mix has
-	// POP3 sessions, Probes or Sample.
+	// Retrieval is the protocol of the retrieval sessions, the prober and
+	// the drain: RetrievalPOP3 (the default when empty) or RetrievalIMAP.
+	Retrieval string
+	// POP3Addr is the plaintext POP3 listener; needed when POP3 sessions,
+	// Probes or Sample are retrieved with POP3.
 	POP3Addr string
+	// IMAPAddr is the plaintext IMAP listener (it must allow LOGIN, as a
+	// loopback one does); needed in their place with RetrievalIMAP.
+	IMAPAddr string
 	// Spec describes the delivered messages; Spec.Rcpts is the recipient
 	// distribution over the population.
 	Spec Spec
@@ -104,6 +113,12 @@ type MixConfig struct {
 	Logger    *slog.Logger  // default discards
 }
 
+// Retrieval protocols (MixConfig.Retrieval).
+const (
+	RetrievalPOP3 = "pop3"
+	RetrievalIMAP = "imap"
+)
+
 // SampleMailboxes returns the mailboxes to track for delivered rate: the n/2
 // most popular ranks of a Zipf population (they carry a large share of the
 // mail, so the sample is big) and n - n/2 others spread evenly over the
@@ -129,7 +144,11 @@ func (c *MixConfig) validate() error {
 		return fmt.Errorf("loadgen: negative rate")
 	case c.Mix.POP3PerMille > 1000:
 		return fmt.Errorf("loadgen: POP3 share above 1000 per mille")
-	case c.POP3Addr == "" && (c.Mix.POP3PerMille > 0 || len(c.Probes) > 0 || len(c.Sample) > 0):
+	case c.Retrieval != "" && c.Retrieval != RetrievalPOP3 && c.Retrieval != RetrievalIMAP:
+		return fmt.Errorf("loadgen: retrieval %q: want %q or %q", c.Retrieval, RetrievalPOP3, RetrievalIMAP)
+	case c.Retrieval == RetrievalIMAP && c.IMAPAddr == "" && c.retrieves():
+		return fmt.Errorf("loadgen: IMAP sessions, probes and the delivery sample need IMAPAddr")
+	case c.Retrieval != RetrievalIMAP && c.POP3Addr == "" && c.retrieves():
 		return fmt.Errorf("loadgen: POP3 sessions, probes and the delivery sample need POP3Addr")
 	case c.SMTPAddr == "" && c.Mix.POP3PerMille < 1000:
 		return fmt.Errorf("loadgen: no SMTP address")
@@ -137,7 +156,16 @@ func (c *MixConfig) validate() error {
 	return c.Spec.Validate()
 }
 
+// retrieves reports whether the run has retrieval sessions, a prober or a
+// drain.
+func (c *MixConfig) retrieves() bool {
+	return c.Mix.POP3PerMille > 0 || len(c.Probes) > 0 || len(c.Sample) > 0
+}
+
 func (c *MixConfig) setDefaults() {
+	if c.Retrieval == "" {
+		c.Retrieval = RetrievalPOP3
+	}
 	if c.Timeout <= 0 {
 		c.Timeout = 60 * time.Second
 	}
@@ -169,6 +197,41 @@ type mixRun struct {
 	sample  map[string]int
 	acked   []atomic.Int64 // per sampled mailbox: acknowledged deliveries
 	fetched []atomic.Int64 // per sampled mailbox: this run's messages retrieved and deleted
+
+	// busy holds, in IMAP mode, the users (lower case) with a retrieval
+	// session in flight: IMAP has no [IN-USE], and two sessions on one
+	// mailbox would retrieve and count the same messages.
+	busy struct {
+		sync.Mutex
+		users map[string]struct{}
+	}
+}
+
+// retrieve runs one retrieval session for user with the run's protocol;
+// the mix's workers, the prober and the drain all come through here. In
+// IMAP mode a user whose session is in flight gets errInUse without a
+// session, as a POP3 server answers [IN-USE].
+func (r *mixRun) retrieve(user, wantID string) pop3Result {
+	if r.cfg.Retrieval != RetrievalIMAP {
+		return pop3Session(r.ctx, r.cfg, user, r.idPfx, wantID)
+	}
+	key := strings.ToLower(user)
+	r.busy.Lock()
+	if _, ok := r.busy.users[key]; ok {
+		r.busy.Unlock()
+		return pop3Result{err: fmt.Errorf("imap: %w", errInUse)}
+	}
+	if r.busy.users == nil {
+		r.busy.users = make(map[string]struct{})
+	}
+	r.busy.users[key] = struct{}{}
+	r.busy.Unlock()
+	defer func() {
+		r.busy.Lock()
+		delete(r.busy.users, key)
+		r.busy.Unlock()
+	}()
+	return imapSession(r.ctx, r.cfg, user, r.idPfx, wantID)
 }
 
 // claim returns the next transaction and when it is due (the zero time in
@@ -289,7 +352,7 @@ func (w *mixWorker) loop() {
 		case TxPOP3:
 			w.pcg.Seed(cfg.Spec.Seed^0x9e3779b97f4a7c15, i)
 			w.rcptBuf = cfg.POP3Users.Pick(w.rng, w.rcptBuf[:0])
-			res := pop3Session(w.run.ctx, cfg, w.rcptBuf[0], w.run.idPfx, "")
+			res := w.run.retrieve(w.rcptBuf[0], "")
 			w.pop.add(res, time.Since(t0))
 			if idx, ok := w.run.sample[strings.ToLower(w.rcptBuf[0])]; ok && res.err == nil {
 				w.run.fetched[idx].Add(res.runMsgs)
@@ -363,7 +426,7 @@ func (w *mixWorker) smtpTx(i uint64, t0 time.Time) {
 // drainResult is what the drain of the sample found.
 type drainResult struct {
 	sampleAcked   int64 // acknowledged deliveries to sampled mailboxes
-	fetchedInRun  int64 // of those, retrieved by the mix's POP3 sessions
+	fetchedInRun  int64 // of those, retrieved by the mix's retrieval sessions
 	firstRound    int64 // found by the first drain round
 	found         int64 // found by all drain rounds
 	rounds        int
@@ -398,7 +461,7 @@ func (r *mixRun) drain() drainResult {
 			if have[i] >= want[i] {
 				continue
 			}
-			res := pop3Session(r.ctx, r.cfg, mb, r.idPfx, "")
+			res := r.retrieve(mb, "")
 			if res.err != nil {
 				d.sessionErrors++
 				done = false

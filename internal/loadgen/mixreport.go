@@ -26,23 +26,28 @@ type MixSummary struct {
 	// server was too slow for the offered rate.
 	Unstarted int64 `json:"unstarted,omitempty"`
 
-	POP3 POP3Summary `json:"pop3"`
+	// Retrieval is the protocol of the retrieval sessions, the prober and
+	// the drain: "pop3" or "imap". POP3 holds the sessions' figures
+	// whichever it was (the field keeps its name for old readers).
+	Retrieval string      `json:"retrieval"`
+	POP3      POP3Summary `json:"pop3"`
 
 	Delivery DeliverySummary `json:"delivery"`
 
-	// E2E is the SMTP-ack to visible-in-POP3 latency of the probes.
+	// E2E is the SMTP-ack to visible-at-login latency of the probes.
 	E2E E2ESummary `json:"e2e"`
 
 	// CPU is the CPU time of each measured server process tree.
 	CPU map[string]CPUSummary `json:"cpu,omitempty"`
 }
 
-// POP3Summary covers the mix's POP3 sessions.
+// POP3Summary covers the mix's retrieval sessions, POP3 or IMAP.
 type POP3Summary struct {
 	Sessions int64 `json:"sessions"`
 	Failed   int64 `json:"failed"`
-	// InUse counts logins refused with [IN-USE]: another session held
-	// the maildrop.
+	// InUse counts sessions not run because another held the mailbox:
+	// POP3 logins refused with [IN-USE], and in IMAP mode sessions for a
+	// user whose previous one was still in flight.
 	InUse          int64   `json:"in_use"`
 	Retrieved      int64   `json:"retrieved"`
 	RetrievedBytes int64   `json:"retrieved_bytes"`
@@ -92,7 +97,7 @@ func latencyOf(h *histogram) Latency {
 
 func (r *mixRun) summarize(elapsed time.Duration, workers []*mixWorker, pr *prober, d drainResult, cpu0, cpu1, cpu2 map[string]time.Duration) MixSummary {
 	cfg := r.cfg
-	s := MixSummary{Mode: "closed", Clients: cfg.Clients, Elapsed: elapsed}
+	s := MixSummary{Mode: "closed", Clients: cfg.Clients, Elapsed: elapsed, Retrieval: cfg.Retrieval}
 	if cfg.Rate > 0 {
 		s.Mode, s.OfferedRate = "open", cfg.Rate
 	}
@@ -178,8 +183,12 @@ func (s *MixSummary) WriteTable(w io.Writer) error {
 	row("retrieved msg/s", "%.1f (%d sessions, %d failed, %d in use)", s.POP3.MsgPerSec, s.POP3.Sessions, s.POP3.Failed, s.POP3.InUse)
 	lat("smtp latency", s.SMTP.Latency)
 	if s.POP3.Sessions > 0 {
-		lat("pop3 session", s.POP3.Latency)
-		lat("pop3 login", s.POP3.Login)
+		proto := s.Retrieval
+		if proto == "" {
+			proto = RetrievalPOP3 // a summary from before the field
+		}
+		lat(proto+" session", s.POP3.Latency)
+		lat(proto+" login", s.POP3.Login)
 	}
 	if s.E2E.Probes > 0 || s.E2E.Lost > 0 {
 		lat("e2e delivery", s.E2E.Latency)

@@ -50,7 +50,7 @@ func FetchPOP3(ctx context.Context, o POP3Options, fn func(n int, msg []byte) er
 	}
 	defer conn.Close()
 	defer watch(ctx, conn)()
-	p := &pop3Conn{ctx: ctx, conn: conn, r: bufio.NewReaderSize(conn, maxMessageLine+2), w: bufio.NewWriter(conn), timeout: o.Timeout}
+	p := &pop3Conn{newLineConn(ctx, conn, o.Timeout)}
 
 	if _, err := p.status(); err != nil {
 		return fmt.Errorf("pop3: greeting: %w", err)
@@ -88,28 +88,19 @@ func FetchPOP3(ctx context.Context, o POP3Options, fn func(n int, msg []byte) er
 	return nil
 }
 
-type pop3Conn struct {
-	ctx     context.Context
-	conn    net.Conn
-	r       *bufio.Reader
-	w       *bufio.Writer
-	timeout time.Duration
-}
+// pop3Conn is the client side of a POP3 session.
+type pop3Conn struct{ *lineConn }
 
 // cmd sends one command and returns the text after "+OK".
 func (p *pop3Conn) cmd(line string) (string, error) {
-	armDeadline(p.ctx, p.conn, p.timeout)
-	if _, err := p.w.WriteString(line + "\r\n"); err != nil {
-		return "", err
-	}
-	if err := p.w.Flush(); err != nil {
+	if err := p.writeLine(line); err != nil {
 		return "", err
 	}
 	return p.status()
 }
 
 func (p *pop3Conn) status() (string, error) {
-	armDeadline(p.ctx, p.conn, p.timeout)
+	p.arm()
 	line, err := readLine(p.r, maxPOP3Status)
 	if err != nil {
 		return "", err

@@ -1,7 +1,6 @@
 package loadgen
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -20,12 +19,12 @@ const maxRetrieved = maxGenSize + 1<<20
 // skewed mix, counted apart from failures.
 var errInUse = errors.New("loadgen: maildrop in use")
 
-// pop3Result is what one mix session did.
+// pop3Result is what one retrieval session (POP3 or IMAP) did.
 type pop3Result struct {
 	err      error
-	loginAt  time.Time     // when the PASS reply arrived: the maildrop's snapshot
-	login    time.Duration // connect to PASS reply
-	msgs     int64         // retrieved and deleted (after QUIT +OK)
+	loginAt  time.Time     // when the login reply arrived (PASS, LOGIN)
+	login    time.Duration // connect to login reply
+	msgs     int64         // retrieved and deleted (after QUIT +OK, EXPUNGE OK)
 	bytes    int64
 	runMsgs  int64 // of msgs, those whose id starts with the run's prefix
 	foundID  bool  // a message with the wanted id was among them
@@ -45,7 +44,7 @@ func pop3Session(ctx context.Context, cfg *MixConfig, user, idPfx, wantID string
 	}
 	defer conn.Close()
 	defer watch(ctx, conn)()
-	p := &pop3Conn{ctx: ctx, conn: conn, r: bufio.NewReaderSize(conn, maxMessageLine+2), w: bufio.NewWriter(conn), timeout: cfg.Timeout}
+	p := &pop3Conn{newLineConn(ctx, conn, cfg.Timeout)}
 	if _, err := p.status(); err != nil {
 		res.err = fmt.Errorf("pop3 greeting: %w", err)
 		return res
@@ -129,9 +128,9 @@ func (s *pop3Stats) add(res pop3Result, lat time.Duration) {
 
 // prober measures end-to-end delivery latency, one message at a time: it
 // sends a message to a probe mailbox and logs in until the message is
-// there. The latency is from the SMTP acknowledgement to the PASS reply of
-// the login that found it, so it includes at most one login too many
-// (reported as the POP3 login latency).
+// there. The latency is from the SMTP acknowledgement to the login reply
+// (POP3 PASS, IMAP LOGIN) of the session that found it, so it includes at
+// most one login too many (reported as the login latency).
 type prober struct {
 	run  *mixRun
 	gen  *Generator
@@ -202,7 +201,7 @@ func (p *prober) loop() {
 		p.sent++
 		deadline := acked.Add(probeTimeout)
 		for {
-			r := pop3Session(ctx, cfg, mb, p.run.idPfx, id)
+			r := p.run.retrieve(mb, id)
 			if r.err == nil && r.foundID {
 				p.e2e.record(r.loginAt.Sub(acked))
 				break

@@ -2,8 +2,11 @@ package loadgen
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
+	"net"
+	"time"
 )
 
 // Limits on what the server may send. RFC 5321 section 4.5.3.1.5 caps a
@@ -95,3 +98,35 @@ func readReply(r *bufio.Reader, lines *[]string) (int, []byte, error) {
 		}
 	}
 }
+
+// lineConn is the client side of a line-oriented session (POP3, IMAP):
+// every command and every reply gets its own timeout, and the end of ctx
+// expires the deadline at once (the caller defers watch(ctx, conn)()).
+// Reads go through a buffer of maxMessageLine+2 octets, so readLine may be
+// given any bound up to maxMessageLine.
+type lineConn struct {
+	ctx     context.Context
+	conn    net.Conn
+	r       *bufio.Reader
+	w       *bufio.Writer
+	timeout time.Duration
+}
+
+func newLineConn(ctx context.Context, conn net.Conn, timeout time.Duration) *lineConn {
+	return &lineConn{ctx: ctx, conn: conn, r: bufio.NewReaderSize(conn, maxMessageLine+2), w: bufio.NewWriter(conn), timeout: timeout}
+}
+
+// writeLine sends line and CRLF.
+func (c *lineConn) writeLine(line string) error {
+	c.arm()
+	if _, err := c.w.WriteString(line); err != nil {
+		return err
+	}
+	if _, err := c.w.WriteString("\r\n"); err != nil {
+		return err
+	}
+	return c.w.Flush()
+}
+
+// arm gives the next read or write the connection's timeout.
+func (c *lineConn) arm() { armDeadline(c.ctx, c.conn, c.timeout) }
