@@ -1,7 +1,6 @@
 package imap
 
 import (
-	"bytes"
 	"context"
 	"slices"
 	"strings"
@@ -697,35 +696,16 @@ func parseMailDate(v string) (time.Time, error) {
 	return time.Time{}, err
 }
 
-// headerValue returns the unfolded value of the first field called name.
+// headerValue returns the unfolded value (up to maxSearchField octets) of
+// the first field called name.
 func headerValue(hdr []byte, name string) (string, bool) {
-	var val []byte
-	found := false
-	for len(hdr) > 0 {
-		i := bytes.IndexByte(hdr, '\n')
-		line := hdr
-		if i >= 0 {
-			line = hdr[:i+1]
+	var val string
+	found := eachField(hdr, func(n, v []byte) bool {
+		if !strings.EqualFold(string(n), name) {
+			return false
 		}
-		hdr = hdr[len(line):]
-		trimmed := bytes.TrimRight(line, "\r\n")
-		if len(trimmed) == 0 {
-			break
-		}
-		if line[0] == ' ' || line[0] == '\t' {
-			if found {
-				val = append(val, trimmed...)
-			}
-			continue
-		}
-		if found {
-			break
-		}
-		n, v, ok := bytes.Cut(trimmed, []byte(":"))
-		if ok && strings.EqualFold(string(bytes.TrimSpace(n)), name) {
-			found = true
-			val = append(val, bytes.TrimLeft(v, " \t")...)
-		}
-	}
-	return string(val), found
+		val = string(v)
+		return true
+	})
+	return val, found
 }

@@ -105,26 +105,23 @@ func (bm *bodyMatcher) feed(text []byte) bool {
 // stream reports whether the UTF-8 text read from r contains the needle.
 func (bm *bodyMatcher) stream(r io.Reader) (bool, error) {
 	bm.win = bm.win[:0]
-	carry := 0
-	for {
-		n, err := r.Read(bm.buf[carry:])
-		data := bm.buf[:carry+n]
-		if err != nil {
-			if err != io.EOF {
-				return false, err
-			}
-			return bm.feed(data), nil
-		}
-		k := incompleteTail(data)
-		if bm.feed(data[:len(data)-k]) {
-			return true, nil
-		}
-		carry = copy(bm.buf, data[len(data)-k:])
-	}
+	return bm.eachChunk(r, bm.feed)
 }
 
 // validUTF8 reports whether all of r is valid UTF-8, reading it in chunks.
 func (bm *bodyMatcher) validUTF8(r io.Reader) (bool, error) {
+	valid := true
+	_, err := bm.eachChunk(r, func(data []byte) bool {
+		valid = utf8.Valid(data)
+		return !valid
+	})
+	return valid, err
+}
+
+// eachChunk reads r through bm.buf and calls f with each chunk, never
+// splitting a UTF-8 sequence between chunks (the last chunk takes whatever
+// remains), until f returns true or r ends; it reports whether f did.
+func (bm *bodyMatcher) eachChunk(r io.Reader, f func([]byte) bool) (bool, error) {
 	carry := 0
 	for {
 		n, err := r.Read(bm.buf[carry:])
@@ -133,11 +130,11 @@ func (bm *bodyMatcher) validUTF8(r io.Reader) (bool, error) {
 			if err != io.EOF {
 				return false, err
 			}
-			return utf8.Valid(data), nil
+			return f(data), nil
 		}
 		k := incompleteTail(data)
-		if !utf8.Valid(data[:len(data)-k]) {
-			return false, nil
+		if f(data[:len(data)-k]) {
+			return true, nil
 		}
 		carry = copy(bm.buf, data[len(data)-k:])
 	}

@@ -50,24 +50,7 @@ func (s *session) cmdSort(ctx context.Context, d *decoder, c *command) (string, 
 	if err != nil {
 		return "", err
 	}
-	if err := d.sp(); err != nil {
-		return "", err
-	}
-	if err := parseCharset(d); err != nil {
-		return "", err
-	}
-	if err := d.sp(); err != nil {
-		return "", err
-	}
-	criteria, modseq, err := s.parseCriteria(d)
-	if err != nil {
-		return "", err
-	}
-	hits, err := s.matching(ctx, criteria)
-	if err != nil {
-		return "", err
-	}
-	items, err := s.sortItems(ctx, hits)
+	items, modseq, err := s.sortCandidates(ctx, d)
 	if err != nil {
 		return "", err
 	}
@@ -166,6 +149,31 @@ func compareKey(name string, a, b *sortItem) int {
 
 // sortItems derives the SORT and THREAD keys of msgs (in mailbox order)
 // from their summaries.
+// sortCandidates parses the " charset SP search-criteria" that SORT and
+// THREAD share (RFC 5256 section 3) and returns the matching messages with
+// their sort keys, and whether the criteria named MODSEQ.
+func (s *session) sortCandidates(ctx context.Context, d *decoder) ([]sortItem, bool, error) {
+	if err := d.sp(); err != nil {
+		return nil, false, err
+	}
+	if err := parseCharset(d); err != nil {
+		return nil, false, err
+	}
+	if err := d.sp(); err != nil {
+		return nil, false, err
+	}
+	criteria, modseq, err := s.parseCriteria(d)
+	if err != nil {
+		return nil, false, err
+	}
+	hits, err := s.matching(ctx, criteria)
+	if err != nil {
+		return nil, false, err
+	}
+	items, err := s.sortItems(ctx, hits)
+	return items, modseq, err
+}
+
 func (s *session) sortItems(ctx context.Context, msgs []mailbox.Message) ([]sortItem, error) {
 	items := make([]sortItem, len(msgs))
 	for i, m := range msgs {

@@ -33,24 +33,7 @@ func (s *session) cmdThread(ctx context.Context, d *decoder, c *command) (string
 	if alg != "ORDEREDSUBJECT" && alg != "REFERENCES" {
 		return "", syntaxErr("unknown threading algorithm")
 	}
-	if err := d.sp(); err != nil {
-		return "", err
-	}
-	if err := parseCharset(d); err != nil {
-		return "", err
-	}
-	if err := d.sp(); err != nil {
-		return "", err
-	}
-	criteria, _, err := s.parseCriteria(d)
-	if err != nil {
-		return "", err
-	}
-	hits, err := s.matching(ctx, criteria)
-	if err != nil {
-		return "", err
-	}
-	items, err := s.sortItems(ctx, hits)
+	items, _, err := s.sortCandidates(ctx, d)
 	if err != nil {
 		return "", err
 	}
