@@ -214,15 +214,17 @@ func (a *Agent) Deliver(ctx context.Context, m Message) ([]error, error) {
 		bufp := inlineBufs.Get().(*[]byte)
 		defer inlineBufs.Put(bufp)
 		buf := *bufp
-		n, err := io.ReadFull(body, buf)
+		// store.FillChunk, like PutBlob: only io.EOF ends a body, so a
+		// client gone mid-message is an error, never a shorter message.
+		n, eof, err := store.FillChunk(body, buf)
 		switch {
-		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		case err != nil:
+			return nil, fmt.Errorf("delivery: reading body: %w", err)
+		case eof:
 			if limit := a.opts.MaxMessageBytes; limit > 0 && int64(n) > limit {
 				return nil, fmt.Errorf("delivery: storing body: %d octets, over the limit of %d", n, limit)
 			}
 			nm.Body, nm.Size = buf[:n], int64(n)
-		case err != nil:
-			return nil, fmt.Errorf("delivery: reading body: %w", err)
 		default:
 			body = io.MultiReader(bytes.NewReader(buf[:n]), body)
 		}

@@ -170,6 +170,19 @@ func TestDeliver(t *testing.T) {
 	if got := readInbox(t, e, "alice@example.test"); len(got) != 2 {
 		t.Fatalf("alice has %d messages after a broken delivery, want 2", len(got))
 	}
+
+	// A client gone mid-message: the SMTP reader reports io.ErrUnexpectedEOF,
+	// which must fail the delivery, small body or large, not store what
+	// arrived as a shorter message.
+	for _, partial := range []string{"Subject: cut\r\n\r\npart", strings.Repeat("y", inlineMax+10)} {
+		_, err = a.Deliver(ctx, Message{Recipients: rcpts[:1], Body: io.MultiReader(strings.NewReader(partial), failing{io.ErrUnexpectedEOF})})
+		if !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Fatalf("body cut after %d octets: %v", len(partial), err)
+		}
+	}
+	if got := readInbox(t, e, "alice@example.test"); len(got) != 2 {
+		t.Fatalf("alice has %d messages after cut deliveries, want 2", len(got))
+	}
 }
 
 type failing struct{ err error }
