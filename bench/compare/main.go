@@ -3,8 +3,11 @@
 // front end storing nothing) as the protocol-bound upper limit, and with
 // quill-sink --durable (the same front end appending each message to one
 // file, fdatasync before the reply, group commit) as the durability floor:
-// the cheapest durable SMTP server on this machine. One invocation, as root
-// on Debian:
+// the cheapest durable SMTP server on this machine, and with quill-sink
+// --durable --pop3-addr as the mail floor: that log plus an index in
+// memory, served over Quill's POP3 front end, the cheapest server that does
+// all the mix asks at the same durability. One invocation, as root on
+// Debian:
 //
 //	go run ./bench/compare [--users 10000 --clients 16 --duration 20s --rounds 2] [--retrieval imap]
 //
@@ -12,10 +15,9 @@
 // dovecot-pop3d, dovecot-lmtpd, dovecot-imapd), builds quill and
 // quill-sink from the tree, provisions the same users with the same
 // argon2id password hash on both servers, runs the same mix against each in
-// turn (Quill, peer, sink, durable sink, Quill, peer, ...), and prints each
-// figure's median with the Quill/peer ratio, Quill's delivered rate as a
-// share of the sink's and of the durable sink's accepted rates, and the
-// durable sink's as a share of the sink's. Everything binds loopback ports
+// turn (Quill, peer, sink, durable sink, mail floor, Quill, peer, ...), and
+// prints each figure's median with the Quill/peer ratio and the rates as
+// shares of one another (report.go). Everything binds loopback ports
 // chosen at run time, lives under one temporary directory, and is stopped
 // on the way out, failure or not. See docs/performance.md.
 package main
@@ -33,6 +35,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -80,7 +83,7 @@ func main() {
 	flag.StringVar(&o.out, "out", "", "write every run's summary as JSON to this file")
 	flag.BoolVar(&o.skipInstall, "skip-install", false, "do not apt-get install missing packages")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (logs, data)")
-	flag.StringVar(&o.only, "only", "", "run only this target: quill, peer, sink or durable-sink")
+	flag.StringVar(&o.only, "only", "", "run and start only these `targets`, comma-separated: quill, peer, sink, durable-sink, mail-floor")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of quill's first run to this file (taken through its admin endpoint)")
 	flag.StringVar(&o.kdf, "kdf", "default", "argon2id cost of the users' password hash, the same on both servers: "+
 		"default (Quill's production parameters) or light (64 KiB, 1 pass: isolates the mail path from login cost)")
@@ -123,12 +126,29 @@ func run(ctx context.Context, o options) (err error) {
 	if o.retrieval != loadgen.RetrievalPOP3 && o.retrieval != loadgen.RetrievalIMAP {
 		return fmt.Errorf("--retrieval %q: want pop3 or imap", o.retrieval)
 	}
-	if os.Geteuid() != 0 {
-		return errors.New("run as root: Postfix's master starts as root and Dovecot delivers as the mail user")
+	// wanted reports whether target name runs. The mail floor serves POP3
+	// only, so an IMAP mix leaves it out.
+	wanted := func(name string) bool {
+		if name == "mail-floor" && o.retrieval != loadgen.RetrievalPOP3 {
+			return false
+		}
+		return o.only == "" || slices.Contains(strings.Split(o.only, ","), name)
 	}
-	if !o.skipInstall {
-		if err := install(ctx); err != nil {
-			return err
+	if o.only != "" {
+		for _, name := range strings.Split(o.only, ",") {
+			if !slices.ContainsFunc(columns, func(c column) bool { return c.target == name }) {
+				return fmt.Errorf("--only: no target %q", name)
+			}
+		}
+	}
+	if wanted("peer") { // Quill and the sinks need neither root nor packages
+		if os.Geteuid() != 0 {
+			return errors.New("run as root: Postfix's master starts as root and Dovecot delivers as the mail user")
+		}
+		if !o.skipInstall {
+			if err := install(ctx); err != nil {
+				return err
+			}
 		}
 	}
 	root, err := os.MkdirTemp("", "quill-bench-")
@@ -174,53 +194,6 @@ func run(ctx context.Context, o options) (err error) {
 		return err
 	}
 
-	// Quill: users loaded into the store before it starts.
-	qdata := filepath.Join(root, "quill-data")
-	t0 := time.Now()
-	if err := provisionQuill(ctx, qdata, all, hash); err != nil {
-		return fmt.Errorf("provisioning quill: %w", err)
-	}
-	fmt.Fprintf(os.Stderr, "compare: provisioned %d users in quill's store in %v\n", len(all), time.Since(t0).Round(time.Millisecond))
-	// IMAP is served only when the mix retrieves with it, so that POP3
-	// runs start Quill as they always did.
-	imapAddr := "off"
-	if o.retrieval == loadgen.RetrievalIMAP {
-		imapAddr = "127.0.0.1:0"
-	}
-	quill, qaddrs, err := startChild(ctx, root, "quill", true, filepath.Join(bin, "quill"), "serve",
-		"--data", qdata, "--domain", domain, "--hostname", "quill.bench.invalid", "--print-listeners",
-		"--smtp-addr", "127.0.0.1:0", "--pop3-addr", "127.0.0.1:0",
-		"--submission-addr", "off", "--submissions-addr", "off", "--lmtp-addr", "off", "--pop3s-addr", "off",
-		"--imap-addr", imapAddr, "--imaps-addr", "off", "--admin-addr", adminAddr(o))
-	if err != nil {
-		return err
-	}
-	defer quill.stop()
-
-	sink, saddrs, err := startChild(ctx, root, "sink", true, filepath.Join(bin, "quill-sink"),
-		"--addr", "127.0.0.1:0", "--domain", domain, "--print-listeners")
-	if err != nil {
-		return err
-	}
-	defer sink.stop()
-
-	dsink, dsaddrs, err := startChild(ctx, root, "durable-sink", true, filepath.Join(bin, "quill-sink"),
-		"--addr", "127.0.0.1:0", "--domain", domain, "--print-listeners", "--durable", filepath.Join(root, "durable-sink-data"))
-	if err != nil {
-		return err
-	}
-	defer dsink.stop()
-
-	pr, err := startPeer(ctx, root, domain, all, hash)
-	if err != nil {
-		return err
-	}
-	defer pr.stop(ctx)
-	peerProcs, err := pr.processes()
-	if err != nil {
-		return err
-	}
-
 	sizes, err := loadgen.ParseSizeDist(o.sizes)
 	if err != nil {
 		return err
@@ -242,27 +215,76 @@ func run(ctx context.Context, o options) (err error) {
 		DrainTimeout: 2 * time.Minute,
 		Timeout:      time.Minute,
 	}
-	targets := []target{
-		{name: "quill", smtp: qaddrs["smtp"], pop3: qaddrs["pop3"], imap: qaddrs["imap"], procs: map[string]int{"quill": quill.pid()}, alive: quill.running},
-		{name: "peer", smtp: pr.smtpAddr, pop3: pr.pop3Addr, imap: pr.imapAddr, procs: peerProcs, alive: pr.dovecot.running,
-			settle: func(ctx context.Context) error { return pr.waitQueueEmpty(ctx, 5*time.Minute) }},
-		// The sink stores nothing: SMTP only, no retrieval, no probes.
-		{name: "sink", smtp: saddrs["smtp"], procs: map[string]int{"sink": sink.pid()}, alive: sink.running, smtpOnly: true},
-		// The durable sink keeps what it accepts but cannot give it back:
-		// SMTP only, like the sink.
-		{name: "durable-sink", smtp: dsaddrs["smtp"], procs: map[string]int{"durable-sink": dsink.pid()}, alive: dsink.running, smtpOnly: true},
+
+	// The targets, in the order of the runs (that of columns); each is
+	// started only if it runs.
+	var targets []target
+	var qaddrs map[string]string
+	qdata := filepath.Join(root, "quill-data")
+	if wanted("quill") {
+		// Users loaded into the store before it starts.
+		t0 := time.Now()
+		if err := provisionQuill(ctx, qdata, all, hash); err != nil {
+			return fmt.Errorf("provisioning quill: %w", err)
+		}
+		fmt.Fprintf(os.Stderr, "compare: provisioned %d users in quill's store in %v\n", len(all), time.Since(t0).Round(time.Millisecond))
+		// IMAP is served only when the mix retrieves with it, so that POP3
+		// runs start Quill as they always did.
+		imapAddr := "off"
+		if o.retrieval == loadgen.RetrievalIMAP {
+			imapAddr = "127.0.0.1:0"
+		}
+		var quill *child
+		quill, qaddrs, err = startChild(ctx, root, "quill", true, filepath.Join(bin, "quill"), "serve",
+			"--data", qdata, "--domain", domain, "--hostname", "quill.bench.invalid", "--print-listeners",
+			"--smtp-addr", "127.0.0.1:0", "--pop3-addr", "127.0.0.1:0",
+			"--submission-addr", "off", "--submissions-addr", "off", "--lmtp-addr", "off", "--pop3s-addr", "off",
+			"--imap-addr", imapAddr, "--imaps-addr", "off", "--admin-addr", adminAddr(o))
+		if err != nil {
+			return err
+		}
+		defer quill.stop()
+		targets = append(targets, target{name: "quill", smtp: qaddrs["smtp"], pop3: qaddrs["pop3"], imap: qaddrs["imap"],
+			procs: map[string]int{"quill": quill.pid()}, alive: quill.running})
 	}
-	if o.only != "" {
-		var keep []target
-		for _, t := range targets {
-			if t.name == o.only {
-				keep = append(keep, t)
-			}
+	if wanted("peer") {
+		pr, err := startPeer(ctx, root, domain, all, hash)
+		if err != nil {
+			return err
 		}
-		if len(keep) == 0 {
-			return fmt.Errorf("--only %q: no such target", o.only)
+		defer pr.stop(ctx)
+		peerProcs, err := pr.processes()
+		if err != nil {
+			return err
 		}
-		targets = keep
+		targets = append(targets, target{name: "peer", smtp: pr.smtpAddr, pop3: pr.pop3Addr, imap: pr.imapAddr, procs: peerProcs, alive: pr.dovecot.running,
+			settle: func(ctx context.Context) error { return pr.waitQueueEmpty(ctx, 5*time.Minute) }})
+	}
+	sinks := []struct {
+		name     string
+		args     []string
+		smtpOnly bool
+	}{
+		// The sink stores nothing: SMTP only, no retrieval, no probes.
+		{"sink", nil, true},
+		// The durable sink keeps what it accepts but does not give it
+		// back: SMTP only, like the sink.
+		{"durable-sink", []string{"--durable", filepath.Join(root, "durable-sink-data")}, true},
+		// The mail floor runs the whole mix.
+		{"mail-floor", []string{"--durable", filepath.Join(root, "mail-floor-data"), "--pop3-addr", "127.0.0.1:0", "--password", password}, false},
+	}
+	for _, sk := range sinks {
+		if !wanted(sk.name) {
+			continue
+		}
+		c, addrs, err := startChild(ctx, root, sk.name, true, filepath.Join(bin, "quill-sink"),
+			append([]string{"--addr", "127.0.0.1:0", "--domain", domain, "--print-listeners"}, sk.args...)...)
+		if err != nil {
+			return err
+		}
+		defer c.stop()
+		targets = append(targets, target{name: sk.name, smtp: addrs["smtp"], pop3: addrs["pop3"],
+			procs: map[string]int{sk.name: c.pid()}, alive: c.running, smtpOnly: sk.smtpOnly})
 	}
 
 	results := map[string][]loadgen.MixSummary{}

@@ -69,13 +69,16 @@ func median(runs []loadgen.MixSummary, f figure) (float64, bool) {
 	return (v[n/2-1] + v[n/2]) / 2, true
 }
 
-// columns are the targets of the comparison, in the order of the runs, and
-// their headings.
-var columns = []struct{ target, heading string }{
+// column is a target of the comparison and its heading.
+type column struct{ target, heading string }
+
+// columns are the targets of the comparison, in the order of the runs.
+var columns = []column{
 	{"quill", "quill"},
 	{"peer", "postfix+dovecot"},
 	{"sink", "sink"},
 	{"durable-sink", "durable-sink"},
+	{"mail-floor", "mail-floor"},
 }
 
 // shares are the ratios printed below the table: the median of
@@ -89,6 +92,8 @@ var shares = []struct {
 	{"quill delivered / sink accepted", "quill", "sink", 1, 0},
 	{"durable-sink accepted / sink accepted", "durable-sink", "sink", 0, 0},
 	{"quill delivered / durable-sink accepted", "quill", "durable-sink", 1, 0},
+	{"mail-floor delivered / sink accepted", "mail-floor", "sink", 1, 0},
+	{"quill delivered / mail-floor delivered", "quill", "mail-floor", 1, 1},
 }
 
 // printComparison prints the medians, the Quill/peer ratio, and the

@@ -14,9 +14,11 @@ import (
 	"testing/iotest"
 )
 
+var testUsers = []string{"u@example.test"}
+
 func openTestLog(t *testing.T, dir string) *durableLog {
 	t.Helper()
-	l, err := openDurableLog(dir, slog.New(slog.DiscardHandler))
+	l, err := openDurableLog(dir, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +38,7 @@ func TestDurableLogConcurrentAppends(t *testing.T) {
 		wg.Go(func() {
 			for i := range each {
 				body := strings.Repeat(fmt.Sprintf("w%d-m%d;", w, i), 1+i*50)
-				if err := l.Append(t.Context(), strings.NewReader(body)); err != nil {
+				if _, err := l.Append(t.Context(), testUsers, strings.NewReader(body)); err != nil {
 					errs[w] = err
 					return
 				}
@@ -51,8 +53,8 @@ func TestDurableLogConcurrentAppends(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := map[string]bool{}
-	for _, b := range readLog(t, filepath.Join(dir, logName)) {
-		got[string(b)] = true
+	for _, r := range readLog(t, filepath.Join(dir, logName)) {
+		got[string(r.body)] = true
 	}
 	if len(got) != writers*each {
 		t.Fatalf("%d distinct records read back, want %d", len(got), writers*each)
@@ -65,7 +67,7 @@ func TestDurableLogCutsTornTail(t *testing.T) {
 	dir := t.TempDir()
 	l := openTestLog(t, dir)
 	for _, s := range []string{"first", "second"} {
-		if err := l.Append(t.Context(), strings.NewReader(s)); err != nil {
+		if _, err := l.Append(t.Context(), testUsers, strings.NewReader(s)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -82,13 +84,13 @@ func TestDurableLogCutsTornTail(t *testing.T) {
 	}
 
 	l = openTestLog(t, dir)
-	if err := l.Append(t.Context(), strings.NewReader("third")); err != nil {
+	if _, err := l.Append(t.Context(), testUsers, strings.NewReader("third")); err != nil {
 		t.Fatal(err)
 	}
 	l.Close()
 	var got []string
-	for _, b := range readLog(t, path) {
-		got = append(got, string(b))
+	for _, r := range readLog(t, path) {
+		got = append(got, string(r.body))
 	}
 	if want := []string{"first", "second", "third"}; strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Fatalf("records %q, want %q", got, want)
@@ -105,14 +107,14 @@ func TestDurableLogFailureIsSticky(t *testing.T) {
 	l := newDurableLog(f, 0)
 	defer l.Close()
 	for i := range 2 {
-		if err := l.Append(t.Context(), strings.NewReader("x")); err == nil {
+		if _, err := l.Append(t.Context(), testUsers, strings.NewReader("x")); err == nil {
 			t.Fatalf("append %d to /dev/full succeeded", i)
 		}
 	}
 
 	ok := openTestLog(t, t.TempDir())
 	ok.Close()
-	if err := ok.Append(t.Context(), strings.NewReader("x")); !errors.Is(err, errLogClosed) {
+	if _, err := ok.Append(t.Context(), testUsers, strings.NewReader("x")); !errors.Is(err, errLogClosed) {
 		t.Fatalf("append after Close: %v, want errLogClosed", err)
 	}
 }
@@ -124,14 +126,14 @@ func TestDurableLogBodyReadError(t *testing.T) {
 	l := openTestLog(t, dir)
 	boom := errors.New("boom")
 	bad := io.MultiReader(strings.NewReader("partial"), iotest.ErrReader(boom))
-	if err := l.Append(t.Context(), bad); !errors.Is(err, boom) {
+	if _, err := l.Append(t.Context(), testUsers, bad); !errors.Is(err, boom) {
 		t.Fatalf("append of a failing body: %v, want %v", err, boom)
 	}
-	if err := l.Append(t.Context(), strings.NewReader("good")); err != nil {
+	if _, err := l.Append(t.Context(), testUsers, strings.NewReader("good")); err != nil {
 		t.Fatal(err)
 	}
 	l.Close()
-	if got := readLog(t, filepath.Join(dir, logName)); len(got) != 1 || !bytes.Equal(got[0], []byte("good")) {
-		t.Fatalf("records %q, want just \"good\"", got)
+	if got := readLog(t, filepath.Join(dir, logName)); len(got) != 1 || !bytes.Equal(got[0].body, []byte("good")) {
+		t.Fatalf("records %+v, want just \"good\"", got)
 	}
 }

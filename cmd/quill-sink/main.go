@@ -13,15 +13,25 @@
 // commit), before the reply. There is no index and no retrieval: it is the
 // cheapest SMTP server on this machine that acknowledges only what is on
 // disk, so the gap between it and the plain sink is the cost of durability
-// itself, and the gap between Quill and it is the cost of Quill's store.
+// itself.
+//
+// With --durable DIR and --pop3-addr it is the mail floor: the durable log
+// plus an index in memory of each user's messages (rebuilt from the log on
+// start), served over Quill's own POP3 front end (internal/pop3) with one
+// password (--password) for every user in its domains. RETR reads from the
+// log; DELE+QUIT appends an expunge record and syncs it before +OK. It is
+// the cheapest server on this machine that does everything the Porcupine
+// mix asks of a mail server, at Quill's durability, and nothing else: the
+// gap between Quill and it is the cost of Quill's store and its features.
 //
 // What a 250 means: without --durable, only that the message was read to
 // its end. With --durable, that the whole message (trace fields included)
-// is in DIR/sink.log with a valid CRC-32C and covered by a completed
-// fdatasync, so it survives a crash or power loss of this host (as far as
-// the disk honours flushes); a failed write or sync answers 451 and stops
-// every later acknowledgement. Neither mode is a mail server: nothing can
-// read the mail back, so do not point real mail at it.
+// and its recipients are in DIR/sink.log with a valid CRC-32C and covered
+// by a completed fdatasync, so it survives a crash or power loss of this
+// host (as far as the disk honours flushes); a failed write or sync
+// answers 451 (POP3: -ERR) and stops every later acknowledgement. None of
+// the modes is a mail server to run: there are no accounts, no IMAP, no
+// quotas, and the log never shrinks; do not point real mail at it.
 package main
 
 import (
@@ -43,6 +53,7 @@ import (
 	"quill/internal/auth"
 	"quill/internal/delivery"
 	"quill/internal/mail"
+	"quill/internal/pop3"
 	"quill/internal/smtp"
 	"quill/internal/textconn"
 )
@@ -76,6 +87,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	printListeners := fs.Bool("print-listeners", false, `print {"smtp":"host:port"} on stdout once listening`)
 	maxConns := fs.Int("max-conns", 1000, "concurrent connections")
 	durable := fs.String("durable", "", "append every message to `dir`/"+logName+" and fdatasync it before the reply (the durability floor)")
+	pop3Addr := fs.String("pop3-addr", "", "with --durable, serve the mail over POP3 on `host:port` (the mail floor)")
+	password := fs.String("password", "", "with --pop3-addr, the `password` of every user")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -87,8 +100,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	backend := &sink{domains: domains}
+	if *pop3Addr != "" {
+		if *durable == "" || *password == "" {
+			return errors.New("--pop3-addr needs --durable and --password")
+		}
+		backend.drops = newMaildrops(domains, *password)
+	}
 	if *durable != "" {
-		l, err := openDurableLog(*durable, log)
+		var replay replayFunc
+		if backend.drops != nil {
+			replay = backend.drops.replay
+		}
+		l, err := openDurableLog(*durable, log, replay)
 		if err != nil {
 			return err
 		}
@@ -100,36 +123,77 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 			}
 		}()
 		backend.log = l
+		if backend.drops != nil {
+			backend.drops.log = l
+		}
 	}
-	srv := &smtp.Server{
+	limiter := textconn.NewLimiter(*maxConns, *maxConns)
+	servers := []listener{{name: "smtp", addr: *addr, srv: &smtp.Server{
 		Mode:     smtp.ModeMX,
 		Hostname: *hostname,
 		Backend:  backend,
 		Logger:   log,
-		Limiter:  textconn.NewLimiter(*maxConns, *maxConns),
+		Limiter:  limiter,
+	}}}
+	if backend.drops != nil {
+		servers = append(servers, listener{name: "pop3", addr: *pop3Addr, srv: &pop3.Server{
+			Hostname: *hostname,
+			Backend:  backend.drops,
+			Logger:   log,
+			Limiter:  limiter,
+		}})
 	}
-	ln, err := net.Listen("tcp", *addr)
-	if err != nil {
-		return err
+	addrs := map[string]string{}
+	for i := range servers {
+		if servers[i].ln, err = net.Listen("tcp", servers[i].addr); err != nil {
+			for _, s := range servers[:i] {
+				s.ln.Close()
+			}
+			return err
+		}
+		addrs[servers[i].name] = servers[i].ln.Addr().String()
 	}
 	if *printListeners {
-		b, _ := json.Marshal(map[string]string{"smtp": ln.Addr().String()})
+		b, _ := json.Marshal(addrs)
 		fmt.Fprintf(stdout, "%s\n", b)
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	errc := make(chan error, len(servers))
+	for _, s := range servers {
+		go func() { errc <- s.srv.Serve(s.ln) }()
+	}
+	served := 0 // Serve calls returned
 	select {
-	case err := <-errc:
-		return err
+	case err = <-errc: // a listener failed: stop the others
+		served++
+		if errors.Is(err, textconn.ErrServerClosed) {
+			err = nil
+		}
 	case <-ctx.Done():
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
-	err = srv.Shutdown(sctx)
-	if serr := <-errc; !errors.Is(serr, textconn.ErrServerClosed) && err == nil {
-		err = serr
+	for _, s := range servers {
+		if serr := s.srv.Shutdown(sctx); err == nil {
+			err = serr
+		}
+	}
+	// Every Serve returns once its server is shut down.
+	for range len(servers) - served {
+		if serr := <-errc; !errors.Is(serr, textconn.ErrServerClosed) && err == nil {
+			err = serr
+		}
 	}
 	return err
+}
+
+// listener is one of the sink's servers and its socket.
+type listener struct {
+	name, addr string
+	ln         net.Listener
+	srv        interface {
+		Serve(net.Listener) error
+		Shutdown(context.Context) error
+	}
 }
 
 // sink is the backend: it discards every message, or with log set appends
@@ -137,6 +201,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 type sink struct {
 	domains []string
 	log     *durableLog // nil: discard
+	drops   *maildrops  // nil: no index, no retrieval
 }
 
 var _ smtp.Backend = (*sink)(nil)
@@ -168,8 +233,16 @@ func (s *sink) Resolve(_ context.Context, rcpt mail.Address, _ delivery.ResolveO
 // answers it with a temporary failure, never a 250.
 func (s *sink) Deliver(ctx context.Context, m delivery.Message) ([]error, error) {
 	if s.log != nil {
-		if err := s.log.Append(ctx, m.Body); err != nil {
+		users := make([]string, len(m.Recipients))
+		for i, r := range m.Recipients {
+			users[i] = r.User
+		}
+		loc, err := s.log.Append(ctx, users, m.Body)
+		if err != nil {
 			return nil, err
+		}
+		if s.drops != nil {
+			s.drops.delivered(users, loc)
 		}
 	} else if _, err := io.Copy(io.Discard, m.Body); err != nil {
 		return nil, fmt.Errorf("sink: reading body: %w", err)

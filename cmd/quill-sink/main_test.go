@@ -20,9 +20,9 @@ import (
 )
 
 // startSink runs the sink on 127.0.0.1:0 with the extra args and returns
-// its address and a function that stops it and checks that it drained
+// its listeners' addresses by protocol and a function that stops it and checks that it drained
 // cleanly; the test's cleanup calls that function too (it is idempotent).
-func startSink(t *testing.T, args ...string) (addr string, stop func()) {
+func startSink(t *testing.T, args ...string) (addrs map[string]string, stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	pr, pw := io.Pipe()
@@ -39,7 +39,6 @@ func startSink(t *testing.T, args ...string) (addr string, stop func()) {
 		t.Fatalf("no listener line: %v (run: %v)", err, <-done)
 	}
 	go io.Copy(io.Discard, pr)
-	var addrs map[string]string
 	if err := json.Unmarshal([]byte(line), &addrs); err != nil || addrs["smtp"] == "" {
 		t.Fatalf("listener line %q: %v", line, err)
 	}
@@ -50,18 +49,18 @@ func startSink(t *testing.T, args ...string) (addr string, stop func()) {
 		}
 	})
 	t.Cleanup(stop)
-	return addrs["smtp"], stop
+	return addrs, stop
 }
 
 func TestSinkAcceptsLocalAndDiscards(t *testing.T) {
-	addr, _ := startSink(t)
+	addrs, _ := startSink(t)
 	users := loadgen.UserNames("example.test", 50)
 	z, err := loadgen.NewZipf(users, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	sum, err := loadgen.Run(t.Context(), loadgen.Config{
-		Addr: addr,
+		Addr: addrs["smtp"],
 		Spec: loadgen.Spec{Seed: 1, RunID: "sink", From: "l@quill-load.invalid",
 			Sizes: loadgen.UniformSize{Min: 100, Max: 300_000}, Rcpts: z},
 		Concurrency: 4,
@@ -77,7 +76,8 @@ func TestSinkAcceptsLocalAndDiscards(t *testing.T) {
 }
 
 func TestSinkIsNoRelay(t *testing.T) {
-	addr, _ := startSink(t)
+	addrs, _ := startSink(t)
+	addr := addrs["smtp"]
 	err := smtp.SendMail(addr, nil, "a@example.test", []string{"someone@elsewhere.test"}, []byte("Subject: x\r\n\r\nx\r\n"))
 	if err == nil || !strings.Contains(err.Error(), "55") {
 		t.Fatalf("relay to a foreign domain: %v, want a 55x refusal", err)
@@ -92,7 +92,7 @@ func TestSinkIsNoRelay(t *testing.T) {
 // intact record per acknowledged message, each the message as sent.
 func TestDurableSinkLogsEveryAcknowledgedMessage(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "log") // created by the sink
-	addr, stop := startSink(t, "--durable", dir)
+	addrs, stop := startSink(t, "--durable", dir)
 	users := loadgen.UserNames("example.test", 50)
 	z, err := loadgen.NewZipf(users, 1)
 	if err != nil {
@@ -101,7 +101,7 @@ func TestDurableSinkLogsEveryAcknowledgedMessage(t *testing.T) {
 	var ledger loadgen.Ledger
 	const n = 200
 	sum, err := loadgen.Run(t.Context(), loadgen.Config{
-		Addr: addr,
+		Addr: addrs["smtp"],
 		Spec: loadgen.Spec{Seed: 2, RunID: "durable", From: "l@quill-load.invalid",
 			Sizes: loadgen.UniformSize{Min: 100, Max: 300_000}, Rcpts: z},
 		Concurrency: 8,
@@ -123,13 +123,13 @@ func TestDurableSinkLogsEveryAcknowledgedMessage(t *testing.T) {
 			byID[r.ID] = r
 		}
 	}
-	bodies := readLog(t, filepath.Join(dir, logName))
-	if len(bodies) != len(byID) {
-		t.Fatalf("log holds %d records, %d messages were acknowledged", len(bodies), len(byID))
+	recs := readLog(t, filepath.Join(dir, logName))
+	if len(recs) != len(byID) {
+		t.Fatalf("log holds %d records, %d messages were acknowledged", len(recs), len(byID))
 	}
 	seen := map[string]bool{}
-	for i, b := range bodies {
-		msg := loadgen.StripTrace(b)
+	for i, rec := range recs {
+		msg := loadgen.StripTrace(rec.body)
 		id, ok := loadgen.HeaderValue(msg, loadgen.IDHeader)
 		r := byID[id]
 		switch {
@@ -139,37 +139,80 @@ func TestDurableSinkLogsEveryAcknowledgedMessage(t *testing.T) {
 			t.Errorf("record %d: %s logged twice", i, id)
 		case sha256.Sum256(msg) != r.Sum:
 			t.Errorf("record %d: %s differs from what was sent (%d octets logged, %d sent)", i, id, len(msg), r.Size)
+		case rec.kind != 'M' || strings.Join(rec.users, ",") != strings.ToLower(strings.Join(r.Rcpts, ",")):
+			t.Errorf("record %d: %s logged as kind %q for %q, sent to %q", i, id, rec.kind, rec.users, r.Rcpts)
 		}
 		seen[id] = true
 	}
 }
 
-// readLog returns the bodies of the records of the log at path, failing
-// the test on a bad checksum or trailing octets. It parses the format on
-// its own rather than with the code under test.
-func readLog(t *testing.T, path string) [][]byte {
+// logRecord is one record of the durable log as readLog decodes it.
+type logRecord struct {
+	off   int64
+	kind  byte
+	users []string // 'M': the recipients; 'X': the one user
+	body  []byte   // 'M': the message
+	recs  []int64  // 'X': the messages expunged
+}
+
+// readLog returns the records of the log at path, failing the test on a
+// bad checksum, a malformed payload or trailing octets. It parses the
+// format on its own rather than with the code under test.
+func readLog(t *testing.T, path string) []logRecord {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var bodies [][]byte
+	var recs []logRecord
 	for off := 0; off < len(b); {
 		if len(b)-off < 8 {
 			t.Fatalf("%s: %d trailing octets at %d", path, len(b)-off, off)
 		}
 		n := int(binary.LittleEndian.Uint32(b[off:]))
 		sum := binary.LittleEndian.Uint32(b[off+4:])
-		off += 8
-		if n > len(b)-off {
-			t.Fatalf("%s: record at %d claims %d octets, %d left", path, off-8, n, len(b)-off)
+		if n > len(b)-off-8 {
+			t.Fatalf("%s: record at %d claims %d octets, %d left", path, off, n, len(b)-off-8)
 		}
-		body := b[off : off+n]
-		if got := crc32.Checksum(body, crc32.MakeTable(crc32.Castagnoli)); got != sum {
-			t.Fatalf("%s: record at %d: crc32c %08x, header says %08x", path, off-8, got, sum)
+		p := b[off+8 : off+8+n]
+		if got := crc32.Checksum(p, crc32.MakeTable(crc32.Castagnoli)); got != sum {
+			t.Fatalf("%s: record at %d: crc32c %08x, header says %08x", path, off, got, sum)
 		}
-		bodies = append(bodies, body)
-		off += n
+		r := logRecord{off: int64(off), kind: p[0]}
+		p = p[1:]
+		num := func() int {
+			v, k := binary.Uvarint(p)
+			if k <= 0 {
+				t.Fatalf("%s: record at %d: bad uvarint", path, off)
+			}
+			p = p[k:]
+			return int(v)
+		}
+		str := func() string {
+			k := num()
+			s := string(p[:k])
+			p = p[k:]
+			return s
+		}
+		switch r.kind {
+		case 'M':
+			for range num() {
+				r.users = append(r.users, str())
+			}
+			r.body = p
+		case 'X':
+			r.users = []string{str()}
+			for range num() {
+				r.recs = append(r.recs, int64(num()))
+			}
+			if len(p) != 0 {
+				t.Fatalf("%s: record at %d: %d trailing octets", path, off, len(p))
+			}
+		default:
+			t.Fatalf("%s: record at %d: kind %q", path, off, r.kind)
+		}
+		recs = append(recs, r)
+		off += 8 + n
 	}
-	return bodies
+	return recs
 }
