@@ -46,6 +46,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -86,6 +87,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	fs.Var(&domains, "domain", "local `domain` whose every address is accepted (repeatable; default localhost)")
 	printListeners := fs.Bool("print-listeners", false, `print {"smtp":"host:port"} on stdout once listening`)
 	maxConns := fs.Int("max-conns", 1000, "concurrent connections")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to `file`")
 	durable := fs.String("durable", "", "append every message to `dir`/"+logName+" and fdatasync it before the reply (the durability floor)")
 	pop3Addr := fs.String("pop3-addr", "", "with --durable, serve the mail over POP3 on `host:port` (the mail floor)")
 	password := fs.String("password", "", "with --pop3-addr, the `password` of every user")
@@ -99,6 +101,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		domains = listFlag{"localhost"}
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return err
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+		}()
+	}
 	backend := &sink{domains: domains}
 	if *pop3Addr != "" {
 		if *durable == "" || *password == "" {
