@@ -234,9 +234,16 @@ func run(ctx context.Context, o options) (err error) {
 		if o.retrieval == loadgen.RetrievalIMAP {
 			imapAddr = "127.0.0.1:0"
 		}
+		// All the load comes from 127.0.0.1: the per-address connection
+		// limit (100 by default) must not bind before the machine does,
+		// as the peer's process limits do not (peer.go).
+		qcfg := filepath.Join(root, "quill.toml")
+		if err := os.WriteFile(qcfg, []byte("[limits]\nmax_connections_per_ip = 5000\n"), 0o644); err != nil {
+			return err
+		}
 		var quill *child
 		quill, qaddrs, err = startChild(ctx, root, "quill", true, filepath.Join(bin, "quill"), "serve",
-			"--data", qdata, "--domain", domain, "--hostname", "quill.bench.invalid", "--print-listeners",
+			"--config", qcfg, "--data", qdata, "--domain", domain, "--hostname", "quill.bench.invalid", "--print-listeners",
 			"--smtp-addr", "127.0.0.1:0", "--pop3-addr", "127.0.0.1:0",
 			"--submission-addr", "off", "--submissions-addr", "off", "--lmtp-addr", "off", "--pop3s-addr", "off",
 			"--imap-addr", imapAddr, "--imaps-addr", "off", "--admin-addr", adminAddr(o))

@@ -97,6 +97,10 @@ mail_location = maildir:%[2]s/%%d/%%n
 # LMTP answers 250.
 mail_fsync = always
 lmtp_save_to_detail_mailbox = no
+# The load comes from one address at up to hundreds of clients: no
+# process limit of the defaults (100 per service) may bind before the
+# machine does. Processes are started only as connections need them.
+default_process_limit = 1000
 first_valid_uid = %[3]d
 first_valid_gid = %[4]d
 pop3_uidl_format = %%08Xu%%08Xv
@@ -217,7 +221,9 @@ func (p *peer) startPostfix(ctx context.Context, domain string, smtpPort int, lm
 		"",
 	}, "\n")
 	masterCF := strings.Join([]string{
-		fmt.Sprintf("127.0.0.1:%d inet n - n - - smtpd", smtpPort),
+		// maxproc 1000, not default_process_limit's 100: one smtpd per
+		// client connection, and the bench may run hundreds.
+		fmt.Sprintf("127.0.0.1:%d inet n - n - 1000 smtpd", smtpPort),
 		"pickup    unix  n       -       n       60      1       pickup",
 		"cleanup   unix  n       -       n       -       0       cleanup",
 		"qmgr      unix  n       -       n       300     1       qmgr",
