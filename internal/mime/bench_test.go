@@ -3,6 +3,7 @@ package mime
 import (
 	"bytes"
 	"fmt"
+	"net/mail"
 	"testing"
 )
 
@@ -74,4 +75,26 @@ func BenchmarkUnmarshal(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkParseDate compares mail.ParseDate with parseDate on the
+// time.RFC1123Z form most mail carries.
+func BenchmarkParseDate(b *testing.B) {
+	const date = "Tue, 01 Jul 2025 09:00:00 +0530"
+	b.Run("mail.ParseDate", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := mail.ParseDate(date); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("parseDate", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, ok := parseDate(date); !ok {
+				b.Fatal("not parsed")
+			}
+		}
+	})
 }

@@ -204,3 +204,14 @@ func checkIMAPSyntax(b []byte) error {
 	}
 	return nil
 }
+
+// FuzzParseDate: parseDate agrees with mail.ParseDate on any value, and the
+// fast path never takes a value mail.ParseDate rejects.
+func FuzzParseDate(f *testing.F) {
+	for _, tc := range dateCases {
+		f.Add(tc.in)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		checkParseDate(t, s)
+	})
+}

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net/mail"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestAddressList(t *testing.T) {
@@ -62,6 +64,111 @@ func TestBaseSubject(t *testing.T) {
 		base, rf := BaseSubject(tc.in)
 		if base != tc.base || rf != tc.replyFwd {
 			t.Errorf("BaseSubject(%q) = %q, %v; want %q, %v", tc.in, base, rf, tc.base, tc.replyFwd)
+		}
+	}
+}
+
+// dateCases are Date field values and whether parseDateFast takes them;
+// FuzzParseDate is seeded with them.
+var dateCases = []struct {
+	in   string
+	fast bool
+}{
+	{"Mon, 02 Jan 2006 15:04:05 -0700", true},
+	{"02 Jan 2006 15:04:05 -0700", true},
+	{"Tue, 1 Jul 2025 09:00:00 +0200", true},
+	{"Sun, 9 Mar 2025 08:30 +0000", true},
+	{"Fri, 21 Nov 1997 09:55:06 -0600 (MDT)", true},
+	{"Thu, 13 Feb 1969 23:32:54 -0330 (Newfoundland Time)", true},
+	{"Mon, 02 Jan 2006 15:04:05 +0530 ()", true},
+	{"Thu, 29 Feb 2024 12:00:00 +0000 (UTC)", true},
+	{"Sat, 31 Dec 2022 23:59:59 +1400", true},
+	{"Sat, 31 Dec 2022 23:59:59 -1200", true},
+	{"Wed, 1 Jan 2025 00:00:00 +0545", true},
+	{"1 Jan 0000 00:00 +2359", true},
+	{"31 Dec 9999 23:59:59 -2359", true},
+	{"Tue, 15 Nov 1994 08:12:31 +0007", true},
+	{"Mon, 02 Jan 2006 15:04:05 -0700 (a\tb \xe2\x9c\x93)", true},
+
+	{"Thu, 31 Apr 2025 10:00:00 +0000", false},
+	{"Wed, 29 Feb 2023 10:00:00 +0000", false},
+	{"Tue, 29 Feb 2100 10:00:00 +0000", false},
+	{"Tue, 29 Feb 2000 10:00:00 +0000", true},
+	{"Mon, 00 Jan 2024 10:00:00 +0000", false},
+	{"Mon, 32 Jan 2024 10:00:00 +0000", false},
+	{"Mon, 1 Jan 2024 24:00:00 +0000", false},
+	{"Mon, 1 Jan 2024 12:60:00 +0000", false},
+	{"Mon, 1 Jan 2024 12:00:60 +0000", false},
+	{"mon, 1 Jan 2024 12:00:00 +0000", false},
+	{"Mon, 1 jan 2024 12:00:00 +0000", false},
+	{"Mon, 1 Jan 2024 12:00:00 GMT", false},
+	{"Mon, 1 Jan 2024 12:00:00 EST", false},
+	{"Mon, 1 Jan 2024 12:00:00 UT", false},
+	{"Mon, 1 Jan 24 12:00:00 +0000", false},
+	{"Mon, 1 Jan 2024 12:00:00 +0000 ", false},
+	{" Mon, 1 Jan 2024 12:00:00 +0000", false},
+	{"Mon,  1 Jan 2024 12:00:00 +0000", false},
+	{"Mon, 1 Jan 2024 12:00:00\r\n +0000", false},
+	{"Mon, 1 Jan 2024 12:00:00 +0000 (a (nested) comment)", false},
+	{"Mon, 1 Jan 2024 12:00:00 +0000 (a \\) quoted-pair)", false},
+	{"Mon, 1 Jan 2024 12:00:00 +0000 (UTC) trailing", false},
+	{"Mon, 1 Jan 2024 12:00:00 +0000 (CR\rLF)", false},
+	{"Mon, 1 Jan 2024 12:00:00 +0000 (CR\r\nLF)", false},
+	{"Mon, 1 Jan 2024 9:00:00 +0000", false},
+	{"Mon, 1 Jan 2024 12:00:00.5 +0000", false},
+	{"Mon, 1 Jan 2024 12:00:00 +2400", false},
+	{"Mon, 1 Jan 2024 12:00:00 +0060", false},
+	{"Mon, 1 Jan 2024 12:00:00 +2460", false},
+	{"Mon, 1 Jan 2024 12:00:00 +2500", false},
+	{"Mon, 1 Jan 2024 12:00:00 +00", false},
+	{"Mon, 1 Jan 2024 12:00:00 -07:00", false},
+	{"Xyz, 1 Jan 2024 12:00:00 +0000", false},
+	{"Monday, 1 Jan 2024 12:00:00 +0000", false},
+	{"Mon, 001 Jan 2024 12:00:00 +0000", false},
+	{"Mon, 1 Jan 20240 12:00:00 +0000", false},
+	{"2024-01-01T12:00:00Z", false},
+	{"", false},
+}
+
+// TestParseDate: parseDate agrees with mail.ParseDate on success, Unix time
+// and zone offset, and the fast path takes the forms it is meant to.
+func TestParseDate(t *testing.T) {
+	for _, tc := range dateCases {
+		if _, ok := parseDateFast(tc.in); ok != tc.fast {
+			t.Errorf("parseDateFast(%q) ok = %v, want %v", tc.in, ok, tc.fast)
+		}
+		checkParseDate(t, tc.in)
+	}
+}
+
+// checkParseDate compares parseDate(s) and parseDateFast(s) with
+// mail.ParseDate(s).
+func checkParseDate(t *testing.T, s string) {
+	t.Helper()
+	want, err := mail.ParseDate(s)
+	got, ok := parseDate(s)
+	if ok != (err == nil) {
+		t.Fatalf("parseDate(%q) ok = %v; mail.ParseDate error %v", s, ok, err)
+	}
+	fast, fastOK := parseDateFast(s)
+	if fastOK && err != nil {
+		t.Fatalf("parseDateFast(%q) = %v; mail.ParseDate error %v", s, fast, err)
+	}
+	if !ok {
+		return
+	}
+	_, wantOff := want.Zone()
+	for _, r := range []struct {
+		name string
+		t    time.Time
+		ok   bool
+	}{{"parseDate", got, true}, {"parseDateFast", fast, fastOK}} {
+		if !r.ok {
+			continue
+		}
+		if _, off := r.t.Zone(); r.t.Unix() != want.Unix() || off != wantOff {
+			t.Fatalf("%s(%q) = %v (Unix %d, offset %d); mail.ParseDate: %v (Unix %d, offset %d)",
+				r.name, s, r.t, r.t.Unix(), off, want, want.Unix(), wantOff)
 		}
 	}
 }
