@@ -55,6 +55,7 @@ import (
 	"quill/internal/delivery"
 	"quill/internal/mail"
 	"quill/internal/pop3"
+	"quill/internal/procs"
 	"quill/internal/smtp"
 	"quill/internal/textconn"
 )
@@ -101,6 +102,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		domains = listFlag{"localhost"}
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	// The same scheduler setting as quill serve, so that the sinks bound
+	// what Quill could do as it runs.
+	procs.Raise()
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {

@@ -9,11 +9,11 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime"
 	"strings"
 	"syscall"
 
 	"quill/internal/config"
+	"quill/internal/procs"
 	"quill/internal/server"
 )
 
@@ -74,7 +74,7 @@ func serve(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
 	log := newLogger(cfg.Log, stderr)
-	if from, to, ok := raiseProcs(); ok {
+	if from, to, ok := procs.Raise(); ok {
 		log.Info("scheduler threads raised to twice the CPUs (set GOMAXPROCS to choose)", "from", from, "to", to)
 	}
 
@@ -112,27 +112,6 @@ func serve(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	return runErr
-}
-
-// raiseProcs doubles GOMAXPROCS unless the GOMAXPROCS environment variable
-// sets it. The embedded engine blocks threads in file system calls
-// (fdatasync of the WAL, preads of tables the block cache misses, table
-// writes) and runs compactions that hold a P for milliseconds; with one P
-// per CPU, a P waits for the runtime to hand it off from a blocked thread
-// and sessions queue behind a compaction. With twice the Ps the kernel
-// interleaves them. Measured under the Porcupine mix on 2 CPUs: 6-9% more
-// delivered mail in closed loop, and SMTP p99 halved (20 to 10.5 ms) at
-// half the peak rate in open loop; four times the CPUs was worse than
-// twice (docs/performance.md). The default it doubles already follows a
-// cgroup CPU limit (Go 1.25); once set, the runtime no longer updates it
-// when the limit changes.
-func raiseProcs() (from, to int, ok bool) {
-	if os.Getenv("GOMAXPROCS") != "" {
-		return 0, 0, false
-	}
-	from = runtime.GOMAXPROCS(0)
-	runtime.GOMAXPROCS(2 * from)
-	return from, 2 * from, true
 }
 
 func newLogger(c config.Log, w io.Writer) *slog.Logger {
