@@ -170,14 +170,11 @@ func (r *payloadReader) string() string {
 	return s
 }
 
-// local reports whether domain (normalized) is one of the floor's.
-func (m *maildrops) local(domain string) bool { return slices.Contains(m.domains, domain) }
-
 // Authenticate accepts any address in the floor's domains with the floor's
 // password.
 func (m *maildrops) Authenticate(_ context.Context, username, password string, _ netip.Addr) (string, error) {
 	a, err := mail.ParseAddress(username, true)
-	if err != nil || !m.local(a.DomainNormalized()) || subtle.ConstantTimeCompare([]byte(password), m.password) != 1 {
+	if err != nil || !slices.Contains(m.domains, a.DomainNormalized()) || subtle.ConstantTimeCompare([]byte(password), m.password) != 1 {
 		return "", auth.ErrInvalidCredentials
 	}
 	return a.Normalized(), nil
