@@ -294,6 +294,10 @@ func run(ctx context.Context, o options) (err error) {
 			procs: map[string]int{sk.name: c.pid()}, alive: c.running, smtpOnly: sk.smtpOnly})
 	}
 
+	if len(targets) == 0 {
+		return errors.New("--only: nothing to run (the mail floor serves POP3 only)")
+	}
+
 	results := map[string][]loadgen.MixSummary{}
 	seed := uint64(time.Now().UnixNano())
 	for round := 0; round < o.rounds; round++ {
