@@ -250,7 +250,7 @@ func (l *durableLog) Append(ctx context.Context, users []string, body io.Reader)
 	buf := l.getBuffer()
 	defer l.putBuffer(buf)
 	buf.WriteByte(kindMessage)
-	buf.Write(binary.AppendUvarint(nil, uint64(len(users))))
+	writeUvarint(buf, uint64(len(users)))
 	for _, u := range users {
 		appendString(buf, u)
 	}
@@ -272,18 +272,23 @@ func (l *durableLog) Expunge(ctx context.Context, user string, recs []int64) err
 	defer l.putBuffer(buf)
 	buf.WriteByte(kindExpunge)
 	appendString(buf, user)
-	buf.Write(binary.AppendUvarint(nil, uint64(len(recs))))
-	var v [binary.MaxVarintLen64]byte
+	writeUvarint(buf, uint64(len(recs)))
 	for _, r := range recs {
-		buf.Write(binary.AppendUvarint(v[:0], uint64(r)))
+		writeUvarint(buf, uint64(r))
 	}
 	_, err := l.write(ctx, buf)
 	return err
 }
 
+// writeUvarint writes x as a uvarint, without allocating.
+func writeUvarint(buf *bytes.Buffer, x uint64) {
+	var v [binary.MaxVarintLen64]byte
+	buf.Write(binary.AppendUvarint(v[:0], x))
+}
+
 // appendString writes s as uvarint length + octets.
 func appendString(buf *bytes.Buffer, s string) {
-	buf.Write(binary.AppendUvarint(nil, uint64(len(s))))
+	writeUvarint(buf, uint64(len(s)))
 	buf.WriteString(s)
 }
 
