@@ -36,6 +36,20 @@ func open(t testing.TB, dir string) *Engine {
 	return e
 }
 
+// userInbox creates the user addr and returns its INBOX.
+func userInbox(t testing.TB, e *Engine, addr string) store.Mailbox {
+	t.Helper()
+	ctx := context.Background()
+	if err := e.CreateUser(ctx, store.User{Address: addr}); err != nil {
+		t.Fatal(err)
+	}
+	inbox, err := e.GetMailbox(ctx, addr, "INBOX")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return inbox
+}
+
 func appendOne(t testing.TB, e *Engine, mbox store.ID, body string) store.Message {
 	t.Helper()
 	ctx := context.Background()
@@ -114,10 +128,7 @@ func TestFenceHidesUnsyncedAppends(t *testing.T) {
 	ctx := context.Background()
 	e := open(t, t.TempDir())
 	defer e.Close()
-	if err := e.CreateUser(ctx, store.User{Address: "a@example.test"}); err != nil {
-		t.Fatal(err)
-	}
-	inbox, _ := e.GetMailbox(ctx, "a@example.test", "INBOX")
+	inbox := userInbox(t, e, "a@example.test")
 	first := appendOne(t, e, inbox.ID, "one")
 	before, _ := e.GetMailboxByID(ctx, inbox.ID)
 	second := appendOne(t, e, inbox.ID, "two")
@@ -389,10 +400,7 @@ func TestHotCacheReadersSeeNoOlderRecord(t *testing.T) {
 	ctx := context.Background()
 	e := open(t, t.TempDir())
 	defer e.Close()
-	if err := e.CreateUser(ctx, store.User{Address: "a@example.test"}); err != nil {
-		t.Fatal(err)
-	}
-	inbox, _ := e.GetMailbox(ctx, "a@example.test", "INBOX")
+	inbox := userInbox(t, e, "a@example.test")
 	stop := make(chan struct{})
 	var writers sync.WaitGroup
 	for w := range 4 {
