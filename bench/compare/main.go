@@ -64,12 +64,24 @@ type options struct {
 	only                                   string
 	kdf                                    string
 	cpuprofile                             string
+	// The saturation search (--saturate): each run is a
+	// loadgen.Saturate, and the comparison takes each target's peak.
+	saturate         bool
+	step, bound      time.Duration
+	startRate        float64
+	factor, maxShare float64
+	refine           int
 }
+
+// saturateClients is the default bound on transactions in flight in a
+// saturation search: enough that no server's peak on this class of machine
+// is limited by the generator rather than by the latency bound.
+const saturateClients = 256
 
 func main() {
 	var o options
 	flag.IntVar(&o.users, "users", 10000, "population (Zipf ranks)")
-	flag.IntVar(&o.clients, "clients", 16, "concurrent clients")
+	flag.IntVar(&o.clients, "clients", 16, fmt.Sprintf("concurrent clients (open loop: the most in flight; --saturate: %d unless set)", saturateClients))
 	flag.IntVar(&o.rounds, "rounds", 2, "rounds; each runs every target once (A B A B)")
 	flag.IntVar(&o.probes, "probes", 2, "end-to-end probe mailboxes")
 	flag.IntVar(&o.sample, "sample", 16, "mailboxes sampled for the delivered rate")
@@ -87,7 +99,22 @@ func main() {
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of quill's first run to this file (taken through its admin endpoint)")
 	flag.StringVar(&o.kdf, "kdf", "default", "argon2id cost of the users' password hash, the same on both servers: "+
 		"default (Quill's production parameters) or light (64 KiB, 1 pass: isolates the mail path from login cost)")
+	flag.BoolVar(&o.saturate, "saturate", false, "run a saturation search (open loop, rising rates) per target and compare the peaks: "+
+		"the highest offered rate at which no more than --max-share of the SMTP transactions failed, never started or took longer than --latency-bound")
+	flag.DurationVar(&o.step, "step", 8*time.Second, "with --saturate: the length of one offered rate")
+	flag.DurationVar(&o.bound, "latency-bound", 100*time.Millisecond, "with --saturate: the SMTP transaction latency bound")
+	flag.Float64Var(&o.maxShare, "max-share", 0.05, "with --saturate: the tolerated share of SMTP transactions over the bound")
+	flag.Float64Var(&o.startRate, "start-rate", 25, "with --saturate: the first offered rate, tx/s")
+	flag.Float64Var(&o.factor, "factor", 4, "with --saturate: the rate multiplier of the climb")
+	flag.IntVar(&o.refine, "refine", 5, "with --saturate: narrowing steps after the first failure (5 narrow a factor of 4 to 4.4%)")
 	flag.Parse()
+	if o.saturate {
+		clientsSet := false
+		flag.Visit(func(f *flag.Flag) { clientsSet = clientsSet || f.Name == "clients" })
+		if !clientsSet {
+			o.clients = saturateClients
+		}
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	ctx, cancel := context.WithTimeout(ctx, o.budget)
@@ -125,6 +152,9 @@ func install(ctx context.Context) error {
 func run(ctx context.Context, o options) (err error) {
 	if o.retrieval != loadgen.RetrievalPOP3 && o.retrieval != loadgen.RetrievalIMAP {
 		return fmt.Errorf("--retrieval %q: want pop3 or imap", o.retrieval)
+	}
+	if o.saturate && (o.rate != 0 || o.cpuprofile != "") {
+		return errors.New("--saturate chooses the rates itself and profiles nothing: drop --rate and --cpuprofile")
 	}
 	// wanted reports whether target name runs. The mail floor serves POP3
 	// only, so an IMAP mix leaves it out.
@@ -299,6 +329,7 @@ func run(ctx context.Context, o options) (err error) {
 	}
 
 	results := map[string][]loadgen.MixSummary{}
+	saturation := map[string][]loadgen.SaturationResult{}
 	seed := uint64(time.Now().UnixNano())
 	for round := 0; round < o.rounds; round++ {
 		for _, t := range targets {
@@ -317,6 +348,31 @@ func run(ctx context.Context, o options) (err error) {
 			if t.name == "quill" && round == 0 && o.cpuprofile != "" {
 				profiled = make(chan error, 1)
 				go func() { profiled <- cpuProfile(ctx, qaddrs["admin"], qdata, o.duration, o.cpuprofile) }()
+			}
+			if o.saturate {
+				res, err := loadgen.Saturate(ctx, cfg, loadgen.SaturationConfig{
+					StartRate: o.startRate, Factor: o.factor, Step: o.step, Bound: o.bound,
+					MaxShare: o.maxShare, MaxSteps: 30, Refine: o.refine,
+				})
+				if err == nil {
+					err = ctx.Err()
+				}
+				if err != nil {
+					return fmt.Errorf("%s round %d: %w", t.name, round+1, err)
+				}
+				printSteps(os.Stderr, t.name, res, o.bound)
+				saturation[t.name] = append(saturation[t.name], res)
+				if res.PeakStep < 0 {
+					fmt.Fprintf(os.Stderr, "compare: %s passed no rate: its column has no peak from round %d\n", t.name, round+1)
+				} else {
+					results[t.name] = append(results[t.name], res.Steps[res.PeakStep].Summary)
+				}
+				if t.settle != nil {
+					if err := t.settle(ctx); err != nil {
+						return err
+					}
+				}
+				continue
 			}
 			sum, err := loadgen.RunMix(ctx, cfg)
 			if profiled != nil {
@@ -340,14 +396,28 @@ func run(ctx context.Context, o options) (err error) {
 		}
 	}
 	if o.out != "" {
-		b, _ := json.MarshalIndent(map[string]any{"options": fmt.Sprintf("%+v", o), "machine": machine(), "results": results}, "", "  ")
+		out := map[string]any{"options": fmt.Sprintf("%+v", o), "machine": machine(), "results": results}
+		if o.saturate {
+			out["saturation"] = saturation
+		}
+		b, _ := json.MarshalIndent(out, "", "  ")
 		if err := os.WriteFile(o.out, b, 0o644); err != nil {
 			return err
 		}
 	}
 	fmt.Printf("machine: %s\n", machine())
-	fmt.Printf("workload: %d users, zipf s=%v, sizes %s, %.0f%% %s, %d clients, %v per run, %d rounds\n\n",
-		o.users, o.zipf, o.sizes, 100*o.pop3Share, strings.ToUpper(o.retrieval), o.clients, o.duration, o.rounds)
+	runs := fmt.Sprintf("%d clients, %v per run", o.clients, o.duration)
+	if o.saturate {
+		runs = fmt.Sprintf("at most %d clients in flight", o.clients)
+	}
+	fmt.Printf("workload: %d users, zipf s=%v, sizes %s, %.0f%% %s, %s, %d rounds\n",
+		o.users, o.zipf, o.sizes, 100*o.pop3Share, strings.ToUpper(o.retrieval), runs, o.rounds)
+	if o.saturate {
+		fmt.Printf("saturation search: open loop from %.0f tx/s, x%v per step, %d refinements, %v steps; a rate passes when at most %.0f%%\n"+
+			"of its SMTP transactions failed, never started or took longer than %v; each column is the run at the highest rate that passed\n",
+			o.startRate, o.factor, o.refine, o.step, 100*o.maxShare, o.bound)
+	}
+	fmt.Println()
 	return printComparison(os.Stdout, results)
 }
 

@@ -20,6 +20,7 @@ type figure struct {
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 
 var figures = []figure{
+	{"offered tx/s", func(s *loadgen.MixSummary) (float64, bool) { return s.OfferedRate, s.Mode == "open" }},
 	{"accepted msg/s", func(s *loadgen.MixSummary) (float64, bool) { return s.SMTP.MsgPerSec, true }},
 	{"delivered msg/s", func(s *loadgen.MixSummary) (float64, bool) { return s.Delivery.MsgPerSec, s.Delivery.Measured }},
 	{"visible at end %", func(s *loadgen.MixSummary) (float64, bool) { return 100 * s.Delivery.VisibleAtEnd, s.Delivery.Measured }},
@@ -141,6 +142,29 @@ func printComparison(w io.Writer, results map[string][]loadgen.MixSummary) error
 		}
 	}
 	return nil
+}
+
+// printSteps prints one saturation search, a line per offered rate.
+func printSteps(w io.Writer, name string, res loadgen.SaturationResult, bound time.Duration) {
+	for i, st := range res.Steps {
+		verdict := "fail"
+		if st.Passed {
+			verdict = "pass"
+		}
+		if i == res.PeakStep {
+			verdict = "pass (peak)"
+		}
+		rate, what := st.Summary.Delivery.MsgPerSec, "delivered"
+		if !st.Summary.Delivery.Measured {
+			rate, what = st.Summary.SMTP.MsgPerSec, "accepted"
+		}
+		e2e := ""
+		if st.Summary.E2E.Probes > 0 {
+			e2e = fmt.Sprintf(", e2e p50 %.1f ms", ms(st.Summary.E2E.Latency.P50))
+		}
+		fmt.Fprintf(w, "compare: %s offered %.0f tx/s: %s %.1f msg/s, smtp p99 %.1f ms%s, %.1f%% over %v or unstarted: %s\n",
+			name, st.Rate, what, rate, ms(st.Summary.SMTP.Latency.P99), e2e, 100*st.Share, bound, verdict)
+	}
 }
 
 func splitLines(s string) []string { return strings.Split(s, "\n") }

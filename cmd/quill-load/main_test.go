@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"net"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -132,5 +134,49 @@ func TestSMTPRunTable(t *testing.T) {
 		if !regexp.MustCompile(want).MatchString(out.String()) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// TestMixCPUProfile: --cpuprofile leaves a gzip'd pprof profile of the
+// generator behind once the run is over.
+func TestMixCPUProfile(t *testing.T) {
+	addr, count := sink(t)
+	prof := filepath.Join(t.TempDir(), "gen.prof")
+	var out, errb bytes.Buffer
+	args := []string{"mix", "--smtp-addr", addr, "--rcpt-domain", "example.test", "--users", "3",
+		"--pop3-share", "0", "--probes", "0", "--sample", "0", "--clients", "2", "--duration", "300ms", "--cpuprofile", prof}
+	if code := run(t.Context(), args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	b, err := os.ReadFile(prof)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Errorf("profile is not gzip'd pprof data: % x", b[:min(len(b), 8)])
+	}
+	if count() == 0 {
+		t.Error("no message reached the sink")
+	}
+}
+
+// TestSaturateRefines: after the climb fails, --refine runs narrowing steps
+// between the highest pass and the lowest failure.
+func TestSaturateRefines(t *testing.T) {
+	addr, _ := sink(t)
+	var out, errb bytes.Buffer
+	// One client in lock step cannot start 1,000,000 transactions a second.
+	args := []string{"saturate", "--smtp-addr", addr, "--rcpt-domain", "example.test", "--users", "3",
+		"--pop3-share", "0", "--probes", "0", "--sample", "0", "--clients", "1", "--duration", "200ms",
+		"--start-rate", "20", "--factor", "50000", "--max-steps", "3", "--refine", "2", "--latency-bound", "1s"}
+	if code := run(t.Context(), args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	steps := regexp.MustCompile(`(?m)^offered +([0-9.]+) tx/s: .*: (pass|FAIL)$`).FindAllStringSubmatch(out.String(), -1)
+	if len(steps) != 4 || steps[0][2] != "pass" || steps[1][2] != "FAIL" || steps[2][1] != "4472.1" {
+		t.Errorf("want 20 (pass), 1000000 (fail), then 2 refinements from 4472.1:\n%s", out.String())
+	}
+	if !regexp.MustCompile(`(?m)^peak: [0-9.]+ tx/s offered`).MatchString(out.String()) {
+		t.Errorf("no peak line:\n%s", out.String())
 	}
 }

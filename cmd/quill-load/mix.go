@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -32,6 +34,7 @@ func (p pidFlag) Set(v string) error {
 type mixFlags struct {
 	smtpAddr, pop3Addr, imapAddr, retrieval *string
 	domain, password, sizes, from           *string
+	cpuprofile                              *string
 	users, clients, probes, sample          *int
 	zipf, pop3Share, rate                   *float64
 	duration, drainTimeout, timeout, bound  *time.Duration
@@ -64,6 +67,7 @@ func addMixFlags(fs *flag.FlagSet) *mixFlags {
 		seed:         fs.Uint64("seed", 0, "message seed (0: derived from the clock, printed)"),
 		asJSON:       fs.Bool("json", false, "print the summary as JSON"),
 		verbose:      fs.Bool("v", false, "log connection failures to stderr"),
+		cpuprofile:   fs.String("cpuprofile", "", "write a CPU profile of the generator itself to `file` (it shares the machine with the server)"),
 		pids:         pidFlag{},
 	}
 	fs.Var(f.pids, "pid", "measure the CPU of the process tree `NAME=PID` (repeatable)")
@@ -143,7 +147,15 @@ func mixCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "quill-load mix: %v\n", err)
 		return 2
 	}
+	stopProfile, err := startCPUProfile(*f.cpuprofile)
+	if err != nil {
+		fmt.Fprintf(stderr, "quill-load mix: %v\n", err)
+		return 1
+	}
 	sum, err := loadgen.RunMix(ctx, cfg)
+	if perr := stopProfile(); err == nil && perr != nil {
+		err = perr
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "quill-load mix: %v\n", err)
 		return 1
@@ -172,7 +184,8 @@ func saturateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	start := fs.Float64("start-rate", 50, "first offered rate, transactions/s")
 	factor := fs.Float64("factor", 1.5, "rate multiplier per step")
 	maxShare := fs.Float64("max-share", 0.05, "tolerated share of SMTP transactions over --latency-bound or failed")
-	maxSteps := fs.Int("max-steps", 12, "most steps")
+	maxSteps := fs.Int("max-steps", 12, "most steps of the climb")
+	refine := fs.Int("refine", 0, "narrowing steps after the first failure, each at the geometric mean of the highest pass and the lowest failure")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -185,7 +198,7 @@ func saturateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return 2
 	}
 	res, err := loadgen.Saturate(ctx, cfg, loadgen.SaturationConfig{
-		StartRate: *start, Factor: *factor, Step: *f.duration, Bound: *f.bound, MaxShare: *maxShare, MaxSteps: *maxSteps,
+		StartRate: *start, Factor: *factor, Step: *f.duration, Bound: *f.bound, MaxShare: *maxShare, MaxSteps: *maxSteps, Refine: *refine,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "quill-load saturate: %v\n", err)
@@ -211,4 +224,24 @@ func writeJSON(stdout, stderr io.Writer, v any) int {
 		return 1
 	}
 	return 0
+}
+
+// startCPUProfile profiles this process into path until the returned stop
+// is called; with an empty path both do nothing.
+func startCPUProfile(path string) (stop func() error, err error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		return f.Close()
+	}, nil
 }

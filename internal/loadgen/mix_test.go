@@ -3,6 +3,7 @@ package loadgen
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -255,8 +256,52 @@ func TestSaturateStopsAtTheBound(t *testing.T) {
 	if n < 2 || !res.Steps[0].Passed || res.Steps[n-1].Passed {
 		t.Fatalf("steps: %+v", res.Steps)
 	}
-	if res.PeakRate != res.Steps[n-2].Rate || res.PeakDelivered <= 0 {
-		t.Errorf("peak %v (%v delivered), steps %+v", res.PeakRate, res.PeakDelivered, res.Steps)
+	if res.PeakRate != res.Steps[n-2].Rate || res.PeakStep != n-2 || res.PeakDelivered <= 0 {
+		t.Errorf("peak %v (step %d, %v delivered), steps %+v", res.PeakRate, res.PeakStep, res.PeakDelivered, res.Steps)
+	}
+
+	// Refinement: each further step offers the geometric mean of the
+	// highest rate that passed and the lowest that failed so far.
+	res, err = Saturate(t.Context(), base, SaturationConfig{
+		StartRate: 50, Factor: 50, Step: 200 * time.Millisecond,
+		Bound: time.Second, MaxShare: 0.05, MaxSteps: 5, Refine: 3,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	climb := 0
+	for climb < len(res.Steps) && res.Steps[climb].Passed {
+		climb++
+	}
+	if climb == 0 || climb == len(res.Steps) || len(res.Steps) != climb+1+3 {
+		t.Fatalf("want a climb, one failure and 3 refinements: %+v", res.Steps)
+	}
+	pass, fail := res.Steps[climb-1].Rate, res.Steps[climb].Rate
+	for i, st := range res.Steps[climb+1:] {
+		if want := math.Sqrt(pass * fail); math.Abs(st.Rate-want) > 1e-9*want {
+			t.Errorf("refinement %d offered %v, want %v (between %v and %v)", i, st.Rate, want, pass, fail)
+		}
+		if st.Passed {
+			pass = st.Rate
+		} else {
+			fail = st.Rate
+		}
+	}
+	if res.PeakRate != pass || res.Steps[res.PeakStep].Rate != pass || !res.Steps[res.PeakStep].Passed {
+		t.Errorf("peak %v at step %d, want the highest pass %v: %+v", res.PeakRate, res.PeakStep, pass, res.Steps)
+	}
+
+	// A bound nothing meets: the first step fails and there is nothing
+	// to refine.
+	res, err = Saturate(t.Context(), base, SaturationConfig{
+		StartRate: 50, Factor: 2, Step: 200 * time.Millisecond,
+		Bound: time.Nanosecond, MaxShare: 0.05, MaxSteps: 5, Refine: 3,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Steps) != 1 || res.Steps[0].Passed || res.PeakStep != -1 || res.PeakRate != 0 {
+		t.Errorf("unmeetable bound: peak %v at step %d, steps %+v", res.PeakRate, res.PeakStep, res.Steps)
 	}
 	if _, err := Saturate(t.Context(), base, SaturationConfig{StartRate: 1, Factor: 1, Step: time.Second, Bound: time.Second}); err == nil {
 		t.Error("factor 1 accepted")

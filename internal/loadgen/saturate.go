@@ -3,20 +3,27 @@ package loadgen
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 )
 
 // SaturationConfig describes a saturation search in the manner of the
 // Porcupine evaluation: offer the mix at a rising rate, open loop, until
 // more than MaxShare of the SMTP transactions fail or take longer than
-// Bound.
+// Bound; then, optionally, narrow the interval between the last rate that
+// passed and the first that failed.
 type SaturationConfig struct {
 	StartRate float64       // first offered rate, tx/s
 	Factor    float64       // each step offers Factor times the last (> 1)
 	Step      time.Duration // length of one step
 	Bound     time.Duration // the latency a transaction must meet
 	MaxShare  float64       // tolerated share over Bound, e.g. 0.05
-	MaxSteps  int           // stop after this many steps at the latest
+	MaxSteps  int           // stop climbing after this many steps at the latest
+	// Refine is the number of further steps, after the first failure,
+	// that each offer the geometric mean of the highest rate that passed
+	// and the lowest that failed, halving the interval's ratio in log
+	// scale: 4 steps narrow a Factor of 2 to within 4.4%.
+	Refine int
 }
 
 // SaturationStep is one offered rate and what it achieved.
@@ -31,32 +38,37 @@ type SaturationStep struct {
 type SaturationResult struct {
 	Steps []SaturationStep `json:"steps"`
 	// PeakRate is the highest offered rate that passed, 0 if none did;
-	// PeakDelivered is the delivered msg/s measured at it.
+	// PeakDelivered is the delivered msg/s measured at it, and PeakStep
+	// its index in Steps (-1 if none passed).
 	PeakRate      float64 `json:"peak_offered_tx_per_sec"`
 	PeakDelivered float64 `json:"peak_delivered_msg_per_sec"`
+	PeakStep      int     `json:"peak_step"`
 }
 
 // Saturate runs base (whose Rate and Duration it sets) at rising rates.
-// It stops at the first failing step, at MaxSteps, or when ctx ends.
+// It stops climbing at the first failing step, at MaxSteps, or when ctx
+// ends, and then runs up to Refine narrowing steps.
 func Saturate(ctx context.Context, base MixConfig, sc SaturationConfig) (SaturationResult, error) {
 	switch {
 	case sc.StartRate <= 0 || sc.Factor <= 1 || sc.Step <= 0 || sc.Bound <= 0:
 		return SaturationResult{}, fmt.Errorf("loadgen: saturation needs StartRate > 0, Factor > 1, Step and Bound > 0")
 	case sc.MaxShare < 0 || sc.MaxShare >= 1:
 		return SaturationResult{}, fmt.Errorf("loadgen: saturation MaxShare %v not in [0, 1)", sc.MaxShare)
+	case sc.Refine < 0:
+		return SaturationResult{}, fmt.Errorf("loadgen: saturation Refine %d < 0", sc.Refine)
 	case sc.MaxSteps <= 0:
 		sc.MaxSteps = 20
 	}
-	var res SaturationResult
-	rate := sc.StartRate
-	for step := 0; step < sc.MaxSteps && ctx.Err() == nil; step++ {
+	res := SaturationResult{PeakStep: -1}
+	// run offers rate for one step and records the outcome.
+	run := func(rate float64) (bool, error) {
 		cfg := base
 		cfg.Rate, cfg.Duration, cfg.LatencyBound = rate, sc.Step, sc.Bound
 		// Each step is a separate run: message ids must not collide.
-		cfg.Spec.RunID = fmt.Sprintf("%s-s%d", base.Spec.RunID, step)
+		cfg.Spec.RunID = fmt.Sprintf("%s-s%d", base.Spec.RunID, len(res.Steps))
 		sum, err := RunMix(ctx, cfg)
 		if err != nil {
-			return res, err
+			return false, err
 		}
 		st := SaturationStep{Rate: rate, Summary: sum}
 		// Transactions that never started count against the step.
@@ -67,15 +79,38 @@ func Saturate(ctx context.Context, base MixConfig, sc SaturationConfig) (Saturat
 		}
 		st.Passed = st.Share <= sc.MaxShare && ctx.Err() == nil
 		res.Steps = append(res.Steps, st)
-		if !st.Passed {
+		if st.Passed && rate > res.PeakRate {
+			res.PeakRate, res.PeakStep = rate, len(res.Steps)-1
+			res.PeakDelivered = sum.Delivery.MsgPerSec
+			if !sum.Delivery.Measured {
+				res.PeakDelivered = sum.SMTP.MsgPerSec
+			}
+		}
+		return st.Passed, nil
+	}
+	rate, failed := sc.StartRate, 0.0
+	for step := 0; step < sc.MaxSteps && ctx.Err() == nil; step++ {
+		ok, err := run(rate)
+		if err != nil {
+			return res, err
+		}
+		if !ok {
+			failed = rate
 			break
 		}
-		res.PeakRate = rate
-		res.PeakDelivered = sum.Delivery.MsgPerSec
-		if !sum.Delivery.Measured {
-			res.PeakDelivered = sum.SMTP.MsgPerSec
-		}
 		rate *= sc.Factor
+	}
+	// Bisect (geometrically) between the highest pass and the lowest
+	// failure; with no pass there is nothing to narrow.
+	for i := 0; i < sc.Refine && failed > 0 && res.PeakRate > 0 && ctx.Err() == nil; i++ {
+		mid := math.Sqrt(res.PeakRate * failed)
+		ok, err := run(mid)
+		if err != nil {
+			return res, err
+		}
+		if !ok {
+			failed = mid
+		}
 	}
 	return res, nil
 }
