@@ -70,7 +70,7 @@ type options struct {
 	step, bound      time.Duration
 	startRate        float64
 	factor, maxShare float64
-	refine           int
+	refine, retries  int
 }
 
 // saturateClients is the default bound on transactions in flight in a
@@ -107,6 +107,8 @@ func main() {
 	flag.Float64Var(&o.startRate, "start-rate", 25, "with --saturate: the first offered rate, tx/s")
 	flag.Float64Var(&o.factor, "factor", 4, "with --saturate: the rate multiplier of the climb")
 	flag.IntVar(&o.refine, "refine", 5, "with --saturate: narrowing steps after the first failure (5 narrow a factor of 4 to 4.4%)")
+	flag.IntVar(&o.retries, "retries", 1, "with --saturate: times a failing step of the climb is run again before it ends the climb "+
+		"(the peer spawns its processes during the first steps)")
 	flag.Parse()
 	if o.saturate {
 		clientsSet := false
@@ -352,7 +354,7 @@ func run(ctx context.Context, o options) (err error) {
 			if o.saturate {
 				res, err := loadgen.Saturate(ctx, cfg, loadgen.SaturationConfig{
 					StartRate: o.startRate, Factor: o.factor, Step: o.step, Bound: o.bound,
-					MaxShare: o.maxShare, MaxSteps: 30, Refine: o.refine,
+					MaxShare: o.maxShare, MaxSteps: 30, Refine: o.refine, Retries: o.retries,
 				})
 				if err == nil {
 					err = ctx.Err()
@@ -413,9 +415,10 @@ func run(ctx context.Context, o options) (err error) {
 	fmt.Printf("workload: %d users, zipf s=%v, sizes %s, %.0f%% %s, %s, %d rounds\n",
 		o.users, o.zipf, o.sizes, 100*o.pop3Share, strings.ToUpper(o.retrieval), runs, o.rounds)
 	if o.saturate {
-		fmt.Printf("saturation search: open loop from %.0f tx/s, x%v per step, %d refinements, %v steps; a rate passes when at most %.0f%%\n"+
-			"of its SMTP transactions failed, never started or took longer than %v; each column is the run at the highest rate that passed\n",
-			o.startRate, o.factor, o.refine, o.step, 100*o.maxShare, o.bound)
+		fmt.Printf("saturation search: open loop from %.0f tx/s, x%v per step (a failure retried %d times), %d refinements, %v steps;\n"+
+			"a rate passes when at most %.0f%% of its SMTP transactions failed, never started or took longer than %v;\n"+
+			"each column is the run at the highest rate that passed\n",
+			o.startRate, o.factor, o.retries, o.refine, o.step, 100*o.maxShare, o.bound)
 	}
 	fmt.Println()
 	return printComparison(os.Stdout, results)

@@ -168,7 +168,7 @@ func TestSaturateRefines(t *testing.T) {
 	// One client in lock step cannot start 1,000,000 transactions a second.
 	args := []string{"saturate", "--smtp-addr", addr, "--rcpt-domain", "example.test", "--users", "3",
 		"--pop3-share", "0", "--probes", "0", "--sample", "0", "--clients", "1", "--duration", "200ms",
-		"--start-rate", "20", "--factor", "50000", "--max-steps", "3", "--refine", "2", "--latency-bound", "1s"}
+		"--start-rate", "20", "--factor", "50000", "--max-steps", "3", "--refine", "2", "--retries", "0", "--latency-bound", "1s"}
 	if code := run(t.Context(), args, &out, &errb); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}

@@ -185,6 +185,7 @@ func saturateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	factor := fs.Float64("factor", 1.5, "rate multiplier per step")
 	maxShare := fs.Float64("max-share", 0.05, "tolerated share of SMTP transactions over --latency-bound or failed")
 	maxSteps := fs.Int("max-steps", 12, "most steps of the climb")
+	retries := fs.Int("retries", 1, "times a failing step of the climb is run again before it ends the climb")
 	refine := fs.Int("refine", 0, "narrowing steps after the first failure, each at the geometric mean of the highest pass and the lowest failure")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -198,7 +199,7 @@ func saturateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return 2
 	}
 	res, err := loadgen.Saturate(ctx, cfg, loadgen.SaturationConfig{
-		StartRate: *start, Factor: *factor, Step: *f.duration, Bound: *f.bound, MaxShare: *maxShare, MaxSteps: *maxSteps, Refine: *refine,
+		StartRate: *start, Factor: *factor, Step: *f.duration, Bound: *f.bound, MaxShare: *maxShare, MaxSteps: *maxSteps, Refine: *refine, Retries: *retries,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "quill-load saturate: %v\n", err)

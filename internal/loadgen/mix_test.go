@@ -303,6 +303,23 @@ func TestSaturateStopsAtTheBound(t *testing.T) {
 	if len(res.Steps) != 1 || res.Steps[0].Passed || res.PeakStep != -1 || res.PeakRate != 0 {
 		t.Errorf("unmeetable bound: peak %v at step %d, steps %+v", res.PeakRate, res.PeakStep, res.Steps)
 	}
+
+	// With retries the failing rate is run again before the climb ends.
+	res, err = Saturate(t.Context(), base, SaturationConfig{
+		StartRate: 50, Factor: 2, Step: 200 * time.Millisecond,
+		Bound: time.Nanosecond, MaxShare: 0.05, MaxSteps: 5, Refine: 3, Retries: 2,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Steps) != 3 || res.PeakStep != -1 {
+		t.Fatalf("unmeetable bound, 2 retries: want 3 failed steps at 50/s, got %+v", res.Steps)
+	}
+	for _, st := range res.Steps {
+		if st.Rate != 50 || st.Passed {
+			t.Errorf("step %+v: want a failure at 50/s", st)
+		}
+	}
 	if _, err := Saturate(t.Context(), base, SaturationConfig{StartRate: 1, Factor: 1, Step: time.Second, Bound: time.Second}); err == nil {
 		t.Error("factor 1 accepted")
 	}

@@ -19,6 +19,12 @@ type SaturationConfig struct {
 	Bound     time.Duration // the latency a transaction must meet
 	MaxShare  float64       // tolerated share over Bound, e.g. 0.05
 	MaxSteps  int           // stop climbing after this many steps at the latest
+	// Retries is how many times a failing step of the climb is run again
+	// at the same rate before the failure counts: one transient (a server
+	// spawning its processes at the first steps, a burst of compaction)
+	// must not end the climb a factor below the peak. Narrowing steps are
+	// not repeated: a transient there costs at most the interval.
+	Retries int
 	// Refine is the number of further steps, after the first failure,
 	// that each offer the geometric mean of the highest rate that passed
 	// and the lowest that failed, halving the interval's ratio in log
@@ -46,16 +52,16 @@ type SaturationResult struct {
 }
 
 // Saturate runs base (whose Rate and Duration it sets) at rising rates.
-// It stops climbing at the first failing step, at MaxSteps, or when ctx
-// ends, and then runs up to Refine narrowing steps.
+// It stops climbing at the first step that fails 1+Retries times, at
+// MaxSteps, or when ctx ends, and then runs up to Refine narrowing steps.
 func Saturate(ctx context.Context, base MixConfig, sc SaturationConfig) (SaturationResult, error) {
 	switch {
 	case sc.StartRate <= 0 || sc.Factor <= 1 || sc.Step <= 0 || sc.Bound <= 0:
 		return SaturationResult{}, fmt.Errorf("loadgen: saturation needs StartRate > 0, Factor > 1, Step and Bound > 0")
 	case sc.MaxShare < 0 || sc.MaxShare >= 1:
 		return SaturationResult{}, fmt.Errorf("loadgen: saturation MaxShare %v not in [0, 1)", sc.MaxShare)
-	case sc.Refine < 0:
-		return SaturationResult{}, fmt.Errorf("loadgen: saturation Refine %d < 0", sc.Refine)
+	case sc.Refine < 0 || sc.Retries < 0:
+		return SaturationResult{}, fmt.Errorf("loadgen: saturation Refine %d or Retries %d < 0", sc.Refine, sc.Retries)
 	case sc.MaxSteps <= 0:
 		sc.MaxSteps = 20
 	}
@@ -89,14 +95,19 @@ func Saturate(ctx context.Context, base MixConfig, sc SaturationConfig) (Saturat
 		return st.Passed, nil
 	}
 	rate, failed := sc.StartRate, 0.0
-	for step := 0; step < sc.MaxSteps && ctx.Err() == nil; step++ {
-		ok, err := run(rate)
-		if err != nil {
-			return res, err
-		}
-		if !ok {
-			failed = rate
-			break
+	for step := 0; step < sc.MaxSteps && failed == 0 && ctx.Err() == nil; step++ {
+		for try := 0; ; try++ {
+			ok, err := run(rate)
+			if err != nil {
+				return res, err
+			}
+			if ok {
+				break
+			}
+			if try == sc.Retries || ctx.Err() != nil {
+				failed = rate
+				break
+			}
 		}
 		rate *= sc.Factor
 	}
