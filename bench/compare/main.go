@@ -346,50 +346,15 @@ func run(ctx context.Context, o options) (err error) {
 				return err
 			}
 			fmt.Fprintf(os.Stderr, "compare: round %d: %s ...\n", round+1, t.name)
-			var profiled chan error
-			if t.name == "quill" && round == 0 && o.cpuprofile != "" {
-				profiled = make(chan error, 1)
-				go func() { profiled <- cpuProfile(ctx, qaddrs["admin"], qdata, o.duration, o.cpuprofile) }()
-			}
+			var err error
 			if o.saturate {
-				res, err := loadgen.Saturate(ctx, cfg, loadgen.SaturationConfig{
-					StartRate: o.startRate, Factor: o.factor, Step: o.step, Bound: o.bound,
-					MaxShare: o.maxShare, MaxSteps: 30, Refine: o.refine, Retries: o.retries,
-				})
-				if err == nil {
-					err = ctx.Err()
-				}
-				if err != nil {
-					return fmt.Errorf("%s round %d: %w", t.name, round+1, err)
-				}
-				printSteps(os.Stderr, t.name, res, o.bound)
-				saturation[t.name] = append(saturation[t.name], res)
-				if res.PeakStep < 0 {
-					fmt.Fprintf(os.Stderr, "compare: %s passed no rate: its column has no peak from round %d\n", t.name, round+1)
-				} else {
-					results[t.name] = append(results[t.name], res.Steps[res.PeakStep].Summary)
-				}
-				if t.settle != nil {
-					if err := t.settle(ctx); err != nil {
-						return err
-					}
-				}
-				continue
-			}
-			sum, err := loadgen.RunMix(ctx, cfg)
-			if profiled != nil {
-				if perr := <-profiled; perr != nil {
-					fmt.Fprintf(os.Stderr, "compare: cpu profile: %v\n", perr)
-				}
+				err = saturateOnce(ctx, o, cfg, t.name, results, saturation)
+			} else {
+				err = runOnce(ctx, o, cfg, t.name, round == 0, qaddrs["admin"], qdata, results)
 			}
 			if err != nil {
 				return fmt.Errorf("%s round %d: %w", t.name, round+1, err)
 			}
-			if err := ctx.Err(); err != nil {
-				return fmt.Errorf("%s round %d: %w", t.name, round+1, err)
-			}
-			_ = sum.WriteTable(os.Stderr)
-			results[t.name] = append(results[t.name], sum)
 			if t.settle != nil {
 				if err := t.settle(ctx); err != nil {
 					return err
@@ -422,6 +387,56 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	fmt.Println()
 	return printComparison(os.Stdout, results)
+}
+
+// runOnce runs the mix once against one target and adds its summary to
+// results; Quill's first run is profiled when --cpuprofile asks.
+func runOnce(ctx context.Context, o options, cfg loadgen.MixConfig, name string, first bool, admin, qdata string,
+	results map[string][]loadgen.MixSummary) error {
+	var profiled chan error
+	if name == "quill" && first && o.cpuprofile != "" {
+		profiled = make(chan error, 1)
+		go func() { profiled <- cpuProfile(ctx, admin, qdata, o.duration, o.cpuprofile) }()
+	}
+	sum, err := loadgen.RunMix(ctx, cfg)
+	if profiled != nil {
+		if perr := <-profiled; perr != nil {
+			fmt.Fprintf(os.Stderr, "compare: cpu profile: %v\n", perr)
+		}
+	}
+	if err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		return err
+	}
+	_ = sum.WriteTable(os.Stderr)
+	results[name] = append(results[name], sum)
+	return nil
+}
+
+// saturateOnce runs one saturation search against a target, prints its
+// steps, and adds the search to saturation and its peak run to results.
+func saturateOnce(ctx context.Context, o options, cfg loadgen.MixConfig, name string,
+	results map[string][]loadgen.MixSummary, saturation map[string][]loadgen.SaturationResult) error {
+	res, err := loadgen.Saturate(ctx, cfg, loadgen.SaturationConfig{
+		StartRate: o.startRate, Factor: o.factor, Step: o.step, Bound: o.bound,
+		MaxShare: o.maxShare, MaxSteps: 30, Refine: o.refine, Retries: o.retries,
+	})
+	if err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		return err
+	}
+	printSteps(os.Stderr, name, res, o.bound)
+	saturation[name] = append(saturation[name], res)
+	if res.PeakStep < 0 {
+		fmt.Fprintf(os.Stderr, "compare: %s passed no rate: this round adds no peak to its column\n", name)
+		return nil
+	}
+	results[name] = append(results[name], res.Steps[res.PeakStep].Summary)
+	return nil
 }
 
 // target is one server under test.

@@ -82,19 +82,29 @@ var columns = []column{
 	{"mail-floor", "mail-floor"},
 }
 
-// shares are the ratios printed below the table: the median of
-// figures[num] for target of, as a share of the median of figures[den] for
-// target per.
+// shares are the ratios printed below the table: the median of figure num
+// for target of, as a share of the median of figure den for target per.
 var shares = []struct {
 	label    string
 	of, per  string
-	num, den int // indexes into figures
+	num, den string // figure names
 }{
-	{"quill delivered / sink accepted", "quill", "sink", 1, 0},
-	{"durable-sink accepted / sink accepted", "durable-sink", "sink", 0, 0},
-	{"quill delivered / durable-sink accepted", "quill", "durable-sink", 1, 0},
-	{"mail-floor delivered / sink accepted", "mail-floor", "sink", 1, 0},
-	{"quill delivered / mail-floor delivered", "quill", "mail-floor", 1, 1},
+	{"quill delivered / sink accepted", "quill", "sink", "delivered msg/s", "accepted msg/s"},
+	{"durable-sink accepted / sink accepted", "durable-sink", "sink", "accepted msg/s", "accepted msg/s"},
+	{"quill delivered / durable-sink accepted", "quill", "durable-sink", "delivered msg/s", "accepted msg/s"},
+	{"mail-floor delivered / sink accepted", "mail-floor", "sink", "delivered msg/s", "accepted msg/s"},
+	{"quill delivered / mail-floor delivered", "quill", "mail-floor", "delivered msg/s", "delivered msg/s"},
+}
+
+// figureNamed returns the figure called name; the names are this file's
+// constants, so a miss is a programming error.
+func figureNamed(name string) figure {
+	for _, f := range figures {
+		if f.name == name {
+			return f
+		}
+	}
+	panic("compare: no figure " + name)
 }
 
 // printComparison prints the medians, the Quill/peer ratio, and the
@@ -134,8 +144,8 @@ func printComparison(w io.Writer, results map[string][]loadgen.MixSummary) error
 	}
 	sep := "\n"
 	for _, sh := range shares {
-		n, nok := median(results[sh.of], figures[sh.num])
-		d, dok := median(results[sh.per], figures[sh.den])
+		n, nok := median(results[sh.of], figureNamed(sh.num))
+		d, dok := median(results[sh.per], figureNamed(sh.den))
 		if nok && dok && d > 0 {
 			fmt.Fprintf(w, "%s%s: %.1f%%\n", sep, sh.label, 100*n/d)
 			sep = ""
