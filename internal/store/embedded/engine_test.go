@@ -245,6 +245,31 @@ func BenchmarkAppend(b *testing.B) {
 	}
 }
 
+// BenchmarkSyncedCommit is the floor under the committer's cycle: one
+// group's worth of writes (five 5,000-byte values, about what a group of
+// the Porcupine mix carries) committed with Sync on the engine's own Pebble,
+// from one goroutine, with nothing else running. Compare it with
+// quill_store_commit_seconds under load (docs/performance.md).
+func BenchmarkSyncedCommit(b *testing.B) {
+	e := open(b, b.TempDir())
+	defer e.Close()
+	val := make([]byte, 5000)
+	b.SetBytes(5 * int64(len(val)))
+	b.ResetTimer()
+	for i := range b.N {
+		bt := e.db.NewBatch()
+		for j := range 5 {
+			if err := bt.Set(fmt.Appendf(nil, "bench-%d-%d", i, j), val, nil); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := bt.Commit(pebble.Sync); err != nil {
+			b.Fatal(err)
+		}
+		bt.Close()
+	}
+}
+
 // BenchmarkListMessages measures listing a 10,000-message mailbox.
 func BenchmarkListMessages(b *testing.B) {
 	ctx := context.Background()
