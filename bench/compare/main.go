@@ -17,7 +17,10 @@
 // argon2id password hash on both servers, runs the same mix against each in
 // turn (Quill, peer, sink, durable sink, mail floor, Quill, peer, ...), and
 // prints each figure's median with the Quill/peer ratio and the rates as
-// shares of one another (report.go). Everything binds loopback ports
+// shares of one another (report.go). With --saturate each run is instead a
+// saturation search (loadgen.Saturate: open loop at rising rates until the
+// SMTP latency bound breaks, then narrowed), and each target's column is its
+// run at the highest rate that passed. Everything binds loopback ports
 // chosen at run time, lives under one temporary directory, and is stopped
 // on the way out, failure or not. See docs/performance.md.
 package main
