@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,9 +59,13 @@ func useCassandra(t *testing.T) *cassandraCluster {
 		}
 		os.RemoveAll(dir)
 	})
-	native, storage := freeLoopbackPort(t, c.nodes), freeLoopbackPort(t, c.nodes)
-	for storage == native {
-		storage = freeLoopbackPort(t, c.nodes)
+	ports, err := exec.Command(script, "free-ports", strconv.Itoa(c.nodes)).Output()
+	if err != nil {
+		t.Fatalf("scripts/cassandra free-ports: %v", err)
+	}
+	var native, storage int
+	if _, err := fmt.Sscan(string(ports), &native, &storage); err != nil {
+		t.Fatalf("scripts/cassandra free-ports printed %q: %v", ports, err)
 	}
 	var stderr bytes.Buffer
 	start := exec.Command(script, "start", dir, "--nodes", strconv.Itoa(c.nodes),
@@ -110,32 +113,6 @@ replication_factor = %d
 		t.Fatal(err)
 	}
 	return path
-}
-
-// freeLoopbackPort returns a TCP port free on 127.0.0.1..127.0.0.n.
-func freeLoopbackPort(t *testing.T, n int) int {
-	t.Helper()
-	for try := 0; try < 50; try++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		free := true
-		for i := 2; i <= n && free; i++ {
-			if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.%d:%d", i, port)); err != nil {
-				free = false
-			} else {
-				l.Close()
-			}
-		}
-		if free {
-			return port
-		}
-	}
-	t.Fatal("no free loopback port")
-	return 0
 }
 
 // TestCassandraThreeNodesOneMailbox runs three quill serve processes on one

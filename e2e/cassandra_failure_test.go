@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"strconv"
 	"sync"
 	"testing"
@@ -42,8 +43,10 @@ func TestCassandraFailures(t *testing.T) {
 write_consistency = "QUORUM"
 serial_consistency = "SERIAL"
 `)
-	// A Cassandra node left dead by a failed run would break the next test
-	// sharing the cluster: bring it back whatever happened.
+	// A Cassandra node left dead (or still starting) by a failed run would
+	// break the next test sharing the cluster: bring it back whatever
+	// happened. This cleanup runs after the Quill servers' (registered
+	// later), so on failure the cluster's log tails are the last output.
 	var cassDown sync.Mutex
 	downNode := ""
 	t.Cleanup(func() {
@@ -53,6 +56,10 @@ serial_consistency = "SERIAL"
 			if err := c.run(t, "restart", downNode); err != nil {
 				t.Errorf("restarting cassandra node %s after the test: %v", downNode, err)
 			}
+		}
+		if t.Failed() {
+			logs, _ := exec.Command(c.script, "logs", c.dir).CombinedOutput()
+			t.Logf("cassandra logs:\n%s", logs)
 		}
 	})
 

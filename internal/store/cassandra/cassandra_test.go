@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -65,15 +64,15 @@ func runWithCluster(m *testing.M) (int, error) {
 		return 0, err
 	}
 	defer os.RemoveAll(dir)
-	native, err := freePort(nodes)
-	if err != nil {
-		return 0, err
-	}
-	storage, err := freePort(nodes)
-	if err != nil {
-		return 0, err
-	}
 	script := filepath.Join(repoRoot(), "scripts", "cassandra")
+	ports, err := exec.Command(script, "free-ports", strconv.Itoa(nodes)).Output()
+	if err != nil {
+		return 0, fmt.Errorf("scripts/cassandra free-ports: %w", err)
+	}
+	var native, storage int
+	if _, err := fmt.Sscan(string(ports), &native, &storage); err != nil {
+		return 0, fmt.Errorf("scripts/cassandra free-ports printed %q: %w", ports, err)
+	}
 	start := exec.Command(script, "start", dir, "--nodes", strconv.Itoa(nodes),
 		"--native-port", strconv.Itoa(native), "--storage-port", strconv.Itoa(storage))
 	start.Stderr = os.Stderr
@@ -102,31 +101,6 @@ func runWithCluster(m *testing.M) (int, error) {
 func repoRoot() string {
 	wd, _ := os.Getwd()
 	return filepath.Join(wd, "..", "..", "..")
-}
-
-// freePort returns a TCP port free on 127.0.0.1..127.0.0.n.
-func freePort(n int) (int, error) {
-	for try := 0; try < 50; try++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, err
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		ok := true
-		for i := 2; i <= n && ok; i++ {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.%d:%d", i, port))
-			if err != nil {
-				ok = false
-				continue
-			}
-			l.Close()
-		}
-		if ok {
-			return port, nil
-		}
-	}
-	return 0, fmt.Errorf("no port free on 127.0.0.1-%d", n)
 }
 
 var keyspaces atomic.Int64
