@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // cassandraCluster is a Cassandra cluster a test runs against.
@@ -82,10 +83,24 @@ func useCassandra(t *testing.T) *cassandraCluster {
 // run runs scripts/cassandra SUB DIR ARGS... (kill, restart, logs) on c.
 func (c *cassandraCluster) run(t testing.TB, sub string, args ...string) error {
 	t.Helper()
+	return c.runEnv(t, nil, sub, args...)
+}
+
+// restart restarts node (scripts/cassandra restart) and allows it within
+// to serve again (the script's CASSANDRA_START_TIMEOUT).
+func (c *cassandraCluster) restart(t testing.TB, node string, within time.Duration) error {
+	t.Helper()
+	return c.runEnv(t, []string{fmt.Sprintf("CASSANDRA_START_TIMEOUT=%d", int(within.Seconds()))}, "restart", node)
+}
+
+func (c *cassandraCluster) runEnv(t testing.TB, env []string, sub string, args ...string) error {
+	t.Helper()
 	if c.dir == "" {
 		return fmt.Errorf("scripts/cassandra %s: the cluster's directory is unknown (set QUILL_CASSANDRA_DIR with QUILL_CASSANDRA_HOSTS)", sub)
 	}
-	out, err := exec.Command(c.script, append([]string{sub, c.dir}, args...)...).CombinedOutput()
+	cmd := exec.Command(c.script, append([]string{sub, c.dir}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("scripts/cassandra %s %s: %w\n%s", sub, strings.Join(args, " "), err, out)
 	}
