@@ -93,6 +93,7 @@ type Engine struct {
 
 	commitLatency prometheus.Histogram
 	groupSize     prometheus.Histogram
+	stalls        *stallMeter
 }
 
 var _ store.Store = (*Engine)(nil)
@@ -122,11 +123,13 @@ func Open(dir string, opts Options) (*Engine, error) {
 	}
 	cache := pebble.NewCache(opts.CacheBytes)
 	defer cache.Unref()
+	stalls := newStallMeter()
 	popts := &pebble.Options{
-		Cache:        cache,
-		MemTableSize: opts.MemTableBytes,
-		Logger:       pebbleLogger{opts.Logger},
-		FS:           opts.FS,
+		Cache:         cache,
+		MemTableSize:  opts.MemTableBytes,
+		Logger:        pebbleLogger{opts.Logger},
+		EventListener: eventListener(opts.Logger, stalls),
+		FS:            opts.FS,
 	}
 	// Bloom filters: most lookups that miss (alias checks, pending marks,
 	// unknown users) then cost no table reads.
@@ -138,13 +141,14 @@ func Open(dir string, opts Options) (*Engine, error) {
 		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
 	}
 	e := &Engine{
-		db:    db,
-		opts:  opts,
-		log:   opts.Logger,
-		reqs:  make(chan *request, opts.MaxGroup),
-		quit:  make(chan struct{}),
-		fence: make(map[store.ID]store.Mailbox),
-		hot:   newHotCache(hotCacheEntries),
+		db:     db,
+		opts:   opts,
+		log:    opts.Logger,
+		reqs:   make(chan *request, opts.MaxGroup),
+		quit:   make(chan struct{}),
+		fence:  make(map[store.ID]store.Mailbox),
+		hot:    newHotCache(hotCacheEntries),
+		stalls: stalls,
 		commitLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "quill_store_commit_seconds",
 			Help:    "Latency of one synced commit group of the embedded store.",
@@ -157,7 +161,8 @@ func Open(dir string, opts Options) (*Engine, error) {
 		}),
 	}
 	if opts.Registerer != nil {
-		for _, c := range []prometheus.Collector{e.commitLatency, e.groupSize} {
+		for _, c := range []prometheus.Collector{e.commitLatency, e.groupSize,
+			e.stalls.count, e.stalls.seconds, pebbleCollector{e}} {
 			if err := opts.Registerer.Register(c); err != nil {
 				db.Close()
 				return nil, err
