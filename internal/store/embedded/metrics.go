@@ -147,7 +147,7 @@ func eventListener(log *slog.Logger, stalls *stallMeter) *pebble.EventListener {
 		},
 		WriteStallEnd: func() {
 			d := stalls.end(time.Now())
-			log.Warn("store write stall ended", "duration", d)
+			log.Info("store write stall ended", "duration", d)
 		},
 		DiskSlow: func(info pebble.DiskSlowInfo) {
 			log.Warn("store disk slow", "detail", info.String())
