@@ -20,7 +20,9 @@
 // shares of one another (report.go). With --saturate each run is instead a
 // saturation search (loadgen.Saturate: open loop at rising rates until the
 // SMTP latency bound breaks, then narrowed), and each target's column is its
-// run at the highest rate that passed. Everything binds loopback ports
+// run at the highest rate that passed. With --warmup each target that
+// stores mail first runs the mix for that long, unmeasured, so that the
+// rounds see it in steady state. Everything binds loopback ports
 // chosen at run time, lives under one temporary directory, and is stopped
 // on the way out, failure or not. See docs/performance.md.
 package main
@@ -60,7 +62,7 @@ const password = "bench-password-quill"
 
 type options struct {
 	users, clients, rounds, probes, sample int
-	duration, budget                       time.Duration
+	duration, budget, warmup               time.Duration
 	zipf, pop3Share, rate                  float64
 	sizes, out, retrieval                  string
 	skipInstall, keep                      bool
@@ -90,6 +92,8 @@ func main() {
 	flag.IntVar(&o.sample, "sample", 16, "mailboxes sampled for the delivered rate")
 	flag.DurationVar(&o.duration, "duration", 20*time.Second, "load phase of each run")
 	flag.DurationVar(&o.budget, "budget", 30*time.Minute, "bound on the whole benchmark")
+	flag.DurationVar(&o.warmup, "warmup", 0, "before the measured rounds, run the mix this long against each target that stores mail, "+
+		"in closed loop with --clients, and discard it: a store's cost grows as it fills until retrieval keeps pace with delivery")
 	flag.Float64Var(&o.zipf, "zipf", 1, "Zipf exponent")
 	flag.Float64Var(&o.pop3Share, "pop3-share", 0.1, "share of transactions that are retrieval sessions")
 	flag.StringVar(&o.retrieval, "retrieval", loadgen.RetrievalPOP3, "protocol of the retrieval sessions, probes and drain: pop3 or imap")
@@ -336,15 +340,16 @@ func run(ctx context.Context, o options) (err error) {
 	results := map[string][]loadgen.MixSummary{}
 	saturation := map[string][]loadgen.SaturationResult{}
 	seed := uint64(time.Now().UnixNano())
+	if o.warmup > 0 {
+		if err := warmUp(ctx, o, base, targets, seed); err != nil {
+			return err
+		}
+	}
 	for round := 0; round < o.rounds; round++ {
 		for _, t := range targets {
-			cfg := base
-			cfg.SMTPAddr, cfg.POP3Addr, cfg.IMAPAddr, cfg.Processes = t.smtp, t.pop3, t.imap, t.procs
+			cfg := t.mixConfig(base)
 			cfg.Spec.Seed = seed + uint64(round)
 			cfg.Spec.RunID = fmt.Sprintf("%s-r%d-%s", strconv.FormatUint(seed, 36), round, t.name)
-			if t.smtpOnly {
-				cfg.Mix, cfg.Probes, cfg.Sample = loadgen.Mix{}, nil, nil
-			}
 			if err := t.alive(); err != nil {
 				return err
 			}
@@ -390,6 +395,43 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	fmt.Println()
 	return printComparison(os.Stdout, results)
+}
+
+// warmUp runs the mix for o.warmup against every target that stores mail
+// and keeps nothing of it, so that the measured rounds find each store in
+// its steady state: mailboxes holding what retrieval has not yet taken,
+// and, for Quill, an LSM whose compactions have grown with it. On a fresh
+// store the first minutes are faster than what a server sustains. The
+// sinks store nothing that ages, and are left as they are.
+func warmUp(ctx context.Context, o options, base loadgen.MixConfig, targets []target, seed uint64) error {
+	for _, t := range targets {
+		if t.smtpOnly {
+			continue
+		}
+		cfg := t.mixConfig(base)
+		cfg.Rate, cfg.Duration = 0, o.warmup
+		cfg.Spec.Seed = seed - 1
+		cfg.Spec.RunID = fmt.Sprintf("%s-warmup-%s", strconv.FormatUint(seed, 36), t.name)
+		if err := t.alive(); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "compare: warming up %s for %v ...\n", t.name, o.warmup)
+		sum, err := loadgen.RunMix(ctx, cfg)
+		if err == nil {
+			err = ctx.Err()
+		}
+		if err != nil {
+			return fmt.Errorf("%s warm-up: %w", t.name, err)
+		}
+		fmt.Fprintf(os.Stderr, "compare: %s warmed up: %.1f delivered msg/s, %.1f retrieved msg/s\n",
+			t.name, sum.Delivery.MsgPerSec, sum.POP3.MsgPerSec)
+		if t.settle != nil {
+			if err := t.settle(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // runOnce runs the mix once against one target and adds its summary to
@@ -450,6 +492,17 @@ type target struct {
 	alive            func() error
 	settle           func(context.Context) error // after each run
 	smtpOnly         bool
+}
+
+// mixConfig is base aimed at t: its addresses and processes, and no
+// retrieval, probes or sample for a target that only accepts.
+func (t target) mixConfig(base loadgen.MixConfig) loadgen.MixConfig {
+	cfg := base
+	cfg.SMTPAddr, cfg.POP3Addr, cfg.IMAPAddr, cfg.Processes = t.smtp, t.pop3, t.imap, t.procs
+	if t.smtpOnly {
+		cfg.Mix, cfg.Probes, cfg.Sample = loadgen.Mix{}, nil, nil
+	}
+	return cfg
 }
 
 // provisionQuill loads the users straight into a new embedded store, as
