@@ -37,6 +37,9 @@ func newBlobID() store.ID {
 	return id
 }
 
+// PutBlob stores a body that fits one chunk in the log, with one
+// transaction; a larger body goes in chunks, a few per transaction. Either
+// way the blob is durable and readable when PutBlob returns.
 func (e *Engine) PutBlob(ctx context.Context, r io.Reader, maxSize int64) (store.ID, int64, error) {
 	id := newBlobID()
 	bufp := chunkBufs.Get().(*[]byte)
@@ -44,68 +47,96 @@ func (e *Engine) PutBlob(ctx context.Context, r io.Reader, maxSize int64) (store
 	buf := *bufp
 	var size int64
 	var chunks uint32
-	b := e.db.NewBatch()
-	defer func() { b.Close() }()
-	// The pending mark goes into the first batch committed, so that a crash
-	// mid-body always leaves something for reclaimPending to find. A small
-	// body is one batch: one WAL write in all.
-	if err := b.Set(pendingKey(id), binary.AppendVarint(nil, time.Now().UnixNano()), nil); err != nil {
-		return id, 0, err
+	var queued []*request
+	// wait waits for the queued transactions, keeping at most keep of them
+	// in flight, and returns the first error.
+	wait := func(keep int) error {
+		var first error
+		for len(queued) > keep {
+			if err := queued[0].wait(); err != nil && first == nil {
+				first = err
+			}
+			queued = queued[1:]
+		}
+		return first
 	}
 	fail := func(err error) (store.ID, int64, error) {
-		if derr := e.deleteBlob(id); derr != nil {
-			e.log.Warn("dropping partial blob", "blob", id, "err", derr)
+		_ = wait(0)
+		if chunks > 0 {
+			if derr := e.deleteBlob(id); derr != nil {
+				e.log.Warn("dropping partial blob", "blob", id, "err", derr)
+			}
 		}
 		return id, size, err
 	}
+	created := binary.AppendVarint(nil, time.Now().UnixNano())
+	var group [][]byte
 	for {
 		n, eof, err := store.FillChunk(r, buf)
-		if n > 0 {
-			size += int64(n)
-			if maxSize > 0 && size > maxSize {
-				return fail(fmt.Errorf("%w: over %d bytes", ErrTooLarge, maxSize))
-			}
-			if err := b.Set(chunkKey(id, chunks), buf[:n], nil); err != nil {
-				return fail(err)
-			}
-			chunks++
+		size += int64(n)
+		if maxSize > 0 && size > maxSize {
+			return fail(fmt.Errorf("%w: over %d bytes", ErrTooLarge, maxSize))
 		}
 		if err != nil {
 			return fail(fmt.Errorf("reading body: %w", err))
 		}
+		if eof && chunks == 0 && len(group) == 0 {
+			return id, size, e.update(ctx, func(t *txn) error {
+				t.set(pendingKey(id), created)
+				t.putLogBlob(id, buf[:n], 0)
+				return nil
+			})
+		}
+		if n > 0 {
+			group = append(group, append([]byte(nil), buf[:n]...))
+		}
+		if !eof && len(group) < 4 {
+			continue
+		}
+		first, cs := chunks, group
+		chunks += uint32(len(cs))
+		group = nil
+		// The pending mark goes into the first transaction, so that a
+		// crash mid-body always leaves something for reclaimPending.
+		rec := encodeBlob(blobRecord{Size: size, Chunks: chunks})
+		req, err := e.submit(ctx, func(t *txn) error {
+			if first == 0 {
+				t.set(pendingKey(id), created)
+			}
+			for i, c := range cs {
+				t.set(chunkKey(id, first+uint32(i)), c)
+			}
+			if eof {
+				t.set(blobKey(id), rec)
+			}
+			return nil
+		})
+		if err != nil {
+			return fail(err)
+		}
+		queued = append(queued, req)
+		// Keep at most a few megabytes of a large body in memory.
+		if err := wait(2); err != nil {
+			return fail(err)
+		}
 		if eof {
-			break
-		}
-		if ctx.Err() != nil {
-			return fail(ctx.Err())
-		}
-		// Keep at most a few chunks in memory for a large body.
-		if b.Len() >= 4*chunkSize {
-			if err := b.Commit(pebble.NoSync); err != nil {
+			if err := wait(0); err != nil {
 				return fail(err)
 			}
-			b.Close()
-			b = e.db.NewBatch()
+			return id, size, nil
 		}
 	}
-	if err := b.Set(blobKey(id), encodeBlob(blobRecord{Size: size, Chunks: chunks}), nil); err != nil {
-		return fail(err)
-	}
-	if err := b.Commit(pebble.NoSync); err != nil {
-		return fail(err)
-	}
-	return id, size, nil
 }
 
 // deleteBlob removes a blob that no message references. It is rare (a
-// failed PutBlob), so one range tombstone is fine here; see addBlobRef.
+// failed PutBlob), so one range tombstone is fine here; see dropBlob.
 func (e *Engine) deleteBlob(id store.ID) error {
-	b := e.db.NewBatch()
-	defer b.Close()
-	_ = b.DeleteRange(chunkPrefix(id), prefixEnd(chunkPrefix(id)), nil)
-	_ = b.Delete(blobKey(id), nil)
-	_ = b.Delete(pendingKey(id), nil)
-	return b.Commit(pebble.NoSync)
+	return e.update(context.Background(), func(t *txn) error {
+		t.deletePrefix(chunkPrefix(id))
+		t.del(blobKey(id))
+		t.del(pendingKey(id))
+		return nil
+	})
 }
 
 // reclaimPending deletes blobs still unreferenced after olderThan. It runs
@@ -116,51 +147,61 @@ func (e *Engine) reclaimPending(olderThan time.Duration) error {
 	reclaim := func(t *txn) error {
 		return t.scan([]byte{tPending}, func(k, v []byte) error {
 			created, n := binary.Varint(v)
-			if n <= 0 || created <= cutoff {
-				var id store.ID
-				copy(id[:], k[1:])
-				t.del(k)
-				t.del(blobKey(id))
-				t.deletePrefix(chunkPrefix(id))
+			if n > 0 && created > cutoff {
+				return nil
 			}
+			var id store.ID
+			copy(id[:], k[1:])
+			t.del(k)
+			rv, err := t.get(blobKey(id))
+			if err == nil {
+				if r, err := decodeBlob(rv); err == nil && r.Seg != 0 {
+					t.dropBlob(id, r)
+					return nil
+				}
+			}
+			// In chunks, and perhaps without its record yet.
+			t.del(blobKey(id))
+			t.deletePrefix(chunkPrefix(id))
 			return nil
 		})
 	}
 	if olderThan == 0 {
 		// At open, before the committer runs: nothing is in flight.
-		b := e.db.NewIndexedBatch()
-		defer b.Close()
-		t := &txn{e: e, b: b, touched: map[store.ID]store.Mailbox{}}
-		t.begin()
-		if err := reclaim(t); err != nil {
-			return err
-		}
-		if len(t.ops) == 0 {
-			return nil
-		}
-		t.apply()
-		return b.Commit(pebble.Sync)
+		return e.runNow(reclaim)
 	}
 	return e.update(context.Background(), reclaim)
 }
 
 func (e *Engine) OpenBlob(ctx context.Context, id store.ID) (store.BlobReader, error) {
-	v, err := e.get(e.db, blobKey(id))
-	if err != nil {
-		return nil, fmt.Errorf("blob %s: %w", id, err)
+	// A body in the log may move (the cleaner copies it forward) between
+	// reading its record and taking its segment: read the record again.
+	for range 3 {
+		v, err := e.get(e.db, blobKey(id))
+		if err != nil {
+			return nil, fmt.Errorf("blob %s: %w", id, err)
+		}
+		rec, err := decodeBlob(v)
+		if err != nil {
+			return nil, err
+		}
+		if rec.Seg == 0 {
+			return &blobReader{e: e, id: id, rec: rec}, nil
+		}
+		if s, ok := e.blog.acquire(rec.Seg); ok {
+			return &blobReader{e: e, id: id, rec: rec, seg: s}, nil
+		}
 	}
-	rec, err := decodeBlob(v)
-	if err != nil {
-		return nil, err
-	}
-	return &blobReader{e: e, id: id, rec: rec}, nil
+	return nil, fmt.Errorf("blob %s: its log segment keeps moving: %w", id, errCorrupt)
 }
 
-// blobReader reads a blob chunk by chunk, holding at most one chunk.
+// blobReader reads a blob from its log segment or chunk by chunk, holding at
+// most one chunk.
 type blobReader struct {
 	e     *Engine
 	id    store.ID
 	rec   blobRecord
+	seg   *segment // the log segment holding the body, or nil for chunks
 	off   int64
 	chunk []byte // the chunk with index cur, or nil
 	cur   uint32
@@ -188,6 +229,9 @@ func (r *blobReader) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, fmt.Errorf("%w: negative offset", store.ErrInvalid)
 	}
+	if r.seg != nil {
+		return r.readLog(p, off)
+	}
 	total := 0
 	for len(p) > 0 {
 		if off >= r.rec.Size {
@@ -205,6 +249,21 @@ func (r *blobReader) ReadAt(p []byte, off int64) (int, error) {
 		p, off, total = p[c:], off+int64(c), total+c
 	}
 	return total, nil
+}
+
+func (r *blobReader) readLog(p []byte, off int64) (int, error) {
+	if off >= r.rec.Size {
+		return 0, io.EOF
+	}
+	want := min(int64(len(p)), r.rec.Size-off)
+	n, err := r.seg.f.ReadAt(p[:want], r.rec.Off+off)
+	if int64(n) < want {
+		return n, fmt.Errorf("blob %s: short in log segment %s: %v: %w", r.id, segName(r.seg.id), err, errCorrupt)
+	}
+	if want < int64(len(p)) {
+		return n, io.EOF
+	}
+	return n, nil
 }
 
 func (r *blobReader) Read(p []byte) (int, error) {
@@ -235,5 +294,9 @@ func (r *blobReader) Seek(offset int64, whence int) (int64, error) {
 
 func (r *blobReader) Close() error {
 	r.chunk = nil
+	if r.seg != nil {
+		r.e.blog.release(r.seg)
+		r.seg = nil
+	}
 	return nil
 }

@@ -18,7 +18,9 @@ import (
 //     below UIDNEXT and every MODSEQ at most HIGHESTMODSEQ;
 //   - each message has a change log entry at its MODSEQ;
 //   - each blob's reference count equals the messages referencing it, and
-//     its chunks add up to its size;
+//     its chunks add up to its size or its log index entry agrees with it
+//     and its bytes lie within its log segment;
+//   - each log index entry belongs to a blob that points into that segment;
 //   - each user's usage equals the sum over its mailboxes.
 func (e *Engine) Check(ctx context.Context) ([]string, error) {
 	snap := e.db.NewSnapshot()
@@ -128,6 +130,10 @@ func (e *Engine) Check(ctx context.Context) ([]string, error) {
 			report("blob %s: refcount %d, referenced by %d messages", id, rec.Refs, refs[id])
 		}
 		delete(refs, id)
+		if rec.Seg != 0 {
+			checkLogged(snap, e.blog, id, rec, report)
+			return nil
+		}
 		var size int64
 		var chunks uint32
 		if err := scan(chunkPrefix(id), func(_, v []byte) error {
@@ -147,6 +153,25 @@ func (e *Engine) Check(ctx context.Context) ([]string, error) {
 	}
 	for id, n := range refs {
 		report("blob %s: missing, referenced by %d messages", id, n)
+	}
+	err = scan([]byte{tLogged}, func(k, _ []byte) error {
+		seg := binary.BigEndian.Uint32(k[1:5])
+		var id store.ID
+		copy(id[:], k[5:])
+		v, closer, err := snap.Get(blobKey(id))
+		if err != nil {
+			report("log index: blob %s in segment %d has no record", id, seg)
+			return nil
+		}
+		rec, err := decodeBlob(v)
+		closer.Close()
+		if err == nil && rec.Seg != seg {
+			report("log index: blob %s listed in segment %d, its record says %d", id, seg, rec.Seg)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	err = scan([]byte{tUser}, func(k, _ []byte) error {
 		user := string(k[1:])
@@ -174,4 +199,31 @@ func (e *Engine) Check(ctx context.Context) ([]string, error) {
 		report("mailboxes of %s: no such user", user)
 	}
 	return problems, nil
+}
+
+// checkLogged checks a blob stored in the log against its index entry and
+// its segment.
+func checkLogged(snap *pebble.Snapshot, l *bodyLog, id store.ID, rec blobRecord, report func(string, ...any)) {
+	v, closer, err := snap.Get(loggedKey(rec.Seg, id))
+	if err != nil {
+		report("blob %s: not in the log index of segment %d", id, rec.Seg)
+	} else {
+		size, n := binary.Varint(v)
+		closer.Close()
+		if n <= 0 || size != rec.Size {
+			report("blob %s: log index says %d bytes, record %d", id, size, rec.Size)
+		}
+	}
+	s, ok := l.acquire(rec.Seg)
+	if !ok {
+		report("blob %s: log segment %d is missing", id, rec.Seg)
+		return
+	}
+	defer l.release(s)
+	l.mu.Lock()
+	end := s.size
+	l.mu.Unlock()
+	if rec.Off < segHeaderLen || rec.Off+rec.Size > end {
+		report("blob %s: bytes %d-%d outside log segment %d (%d bytes)", id, rec.Off, rec.Off+rec.Size, rec.Seg, end)
+	}
 }

@@ -18,27 +18,36 @@ import (
 //	'm' mailboxID                     -> mailbox record
 //	'x' mailboxID uid(4)              -> message record
 //	'c' mailboxID modseq(8) uid(4)    -> change kind (latest change per UID)
-//	'B' blobID                        -> blob record (size, chunks, refs)
+//	'B' blobID                        -> blob record (size, refs, and chunks
+//	                                     or the body's place in the log)
 //	'b' blobID chunk(4)               -> chunk bytes
+//	'g' segment(4) blobID             -> size: a body stored in that log segment
+//	'L'                               -> position of the log record that wrote
+//	                                     this batch (bodylog.go)
 //	'p' blobID                        -> creation time: blob not yet referenced
 //	'q' user                          -> usage record
 //	'v' user                          -> last UIDVALIDITY handed out
 //	'V'                               -> schema version
 const (
-	tUser       = 'u'
-	tAlias      = 'a'
-	tAliasOf    = 'A'
-	tName       = 'n'
-	tMailbox    = 'm'
-	tMessage    = 'x'
-	tChange     = 'c'
-	tBlob       = 'B'
-	tChunk      = 'b'
-	tPending    = 'p'
-	tUsage      = 'q'
-	tValidity   = 'v'
-	tVersion    = 'V'
-	schemaLevel = 1
+	tUser     = 'u'
+	tAlias    = 'a'
+	tAliasOf  = 'A'
+	tName     = 'n'
+	tMailbox  = 'm'
+	tMessage  = 'x'
+	tChange   = 'c'
+	tBlob     = 'B'
+	tChunk    = 'b'
+	tLogged   = 'g'
+	tLogPos   = 'L'
+	tPending  = 'p'
+	tUsage    = 'q'
+	tValidity = 'v'
+	tVersion  = 'V'
+	// schemaLevel 2 stores bodies in the log; level 1 stored them only in
+	// chunks, which level 2 still reads, so opening a level-1 store
+	// upgrades it in place.
+	schemaLevel = 2
 )
 
 func key(table byte, parts ...[]byte) []byte {
@@ -66,6 +75,7 @@ func changePrefix(id store.ID) []byte  { return key(tChange, id[:]) }
 func blobKey(id store.ID) []byte       { return key(tBlob, id[:]) }
 func chunkPrefix(id store.ID) []byte   { return key(tChunk, id[:]) }
 func pendingKey(id store.ID) []byte    { return key(tPending, id[:]) }
+func loggedPrefix(seg uint32) []byte   { return binary.BigEndian.AppendUint32([]byte{tLogged}, seg) }
 func usageKey(u string) []byte         { return key(tUsage, []byte(u)) }
 func validityKey(u string) []byte      { return key(tValidity, []byte(u)) }
 
@@ -77,6 +87,8 @@ func changeKey(id store.ID, modseq uint64, uid uint32) []byte {
 	k := binary.BigEndian.AppendUint64(key(tChange, id[:]), modseq)
 	return binary.BigEndian.AppendUint32(k, uid)
 }
+
+func loggedKey(seg uint32, id store.ID) []byte { return append(loggedPrefix(seg), id[:]...) }
 
 func chunkKey(id store.ID, n uint32) []byte {
 	return binary.BigEndian.AppendUint32(key(tChunk, id[:]), n)
@@ -270,12 +282,15 @@ func decodeMessage(uid uint32, b []byte) (store.Message, error) {
 	return m, d.err
 }
 
-// blobRecord is the 'B' record: a blob's size, chunk count and the number
-// of messages referencing it.
+// blobRecord is the 'B' record: a blob's size, the number of messages
+// referencing it and where its bytes are: at Off in log segment Seg, or,
+// when Seg is 0, in Chunks chunks.
 type blobRecord struct {
 	Size   int64
 	Chunks uint32
 	Refs   int64
+	Seg    uint32
+	Off    int64
 }
 
 func encodeBlob(r blobRecord) []byte {
@@ -283,12 +298,19 @@ func encodeBlob(r blobRecord) []byte {
 	e.varint(r.Size)
 	e.uvarint(uint64(r.Chunks))
 	e.varint(r.Refs)
+	if r.Seg != 0 {
+		e.uvarint(uint64(r.Seg))
+		e.varint(r.Off)
+	}
 	return e
 }
 
 func decodeBlob(b []byte) (blobRecord, error) {
 	d := dec{b: b}
 	r := blobRecord{Size: d.varint(), Chunks: uint32(d.uvarint()), Refs: d.varint()}
+	if len(d.b) > 0 {
+		r.Seg, r.Off = uint32(d.uvarint()), d.varint()
+	}
 	return r, d.err
 }
 

@@ -70,11 +70,15 @@ type Options struct {
 	// FS is the filesystem (default: the operating system's). Tests pass a
 	// crashable in-memory one to simulate losing everything not synced.
 	FS vfs.FS
+	// LogSegmentBytes is the size of one segment of the body log (default
+	// 64 MiB); tests lower it to exercise rotation and cleaning.
+	LogSegmentBytes int64
 }
 
 // Engine is the embedded store. It implements store.Store.
 type Engine struct {
 	db   *pebble.DB
+	blog *bodyLog
 	opts Options
 	log  *slog.Logger
 
@@ -118,6 +122,9 @@ func Open(dir string, opts Options) (*Engine, error) {
 	if opts.FS == nil {
 		opts.FS = vfs.Default
 	}
+	if opts.LogSegmentBytes == 0 {
+		opts.LogSegmentBytes = defaultSegmentBytes
+	}
 	if err := opts.FS.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -130,6 +137,8 @@ func Open(dir string, opts Options) (*Engine, error) {
 		Logger:        pebbleLogger{opts.Logger},
 		EventListener: eventListener(opts.Logger, stalls),
 		FS:            opts.FS,
+		// The body log is the write-ahead log (bodylog.go).
+		DisableWAL: true,
 	}
 	// Bloom filters: most lookups that miss (alias checks, pending marks,
 	// unknown users) then cost no table reads.
@@ -140,8 +149,14 @@ func Open(dir string, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
 	}
+	blog, err := openLog(opts.FS, filepath.Join(dir, "log"), opts.LogSegmentBytes)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
+	}
 	e := &Engine{
 		db:     db,
+		blog:   blog,
 		opts:   opts,
 		log:    opts.Logger,
 		reqs:   make(chan *request, opts.MaxGroup),
@@ -160,34 +175,65 @@ func Open(dir string, opts Options) (*Engine, error) {
 			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
 		}),
 	}
+	if err := e.recover(dir); err != nil {
+		blog.close()
+		db.Close()
+		return nil, err
+	}
 	if opts.Registerer != nil {
 		for _, c := range []prometheus.Collector{e.commitLatency, e.groupSize,
 			e.stalls.count, e.stalls.seconds, pebbleCollector{e}} {
 			if err := opts.Registerer.Register(c); err != nil {
+				blog.close()
 				db.Close()
 				return nil, err
 			}
 		}
 	}
-	// Pebble syncs the directories inside its own; the entries that lead
-	// to it must be durable too, or a power loss soon after the first start
-	// could lose the whole database.
-	if err := syncDirChain(opts.FS, filepath.Join(dir, "pebble")); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("embedded: syncing %s: %w", dir, err)
-	}
-	if err := e.checkVersion(); err != nil {
-		db.Close()
-		return nil, err
-	}
-	if err := e.reclaimPending(0); err != nil {
-		db.Close()
-		return nil, err
-	}
-	e.wg.Add(2)
+	e.wg.Add(3)
 	go e.commitLoop()
 	go e.sweepLoop()
+	go e.cleanLoop()
 	return e, nil
+}
+
+// recover brings the database up to the end of the log, and the schema up
+// to this binary's level, before the committer starts.
+func (e *Engine) recover(dir string) error {
+	var from logPos
+	v, err := e.get(e.db, []byte{tLogPos})
+	switch {
+	case err == nil:
+		if from, err = decodeLogPos(v); err != nil {
+			return fmt.Errorf("embedded: log position: %w", err)
+		}
+	case !errors.Is(err, store.ErrNotFound):
+		return err
+	}
+	if err := e.blog.replay(e.db, from); err != nil {
+		return err
+	}
+	// Pebble syncs the directories inside its own, and the log syncs its
+	// own; the entries that lead to them must be durable too, or a power
+	// loss soon after the first start could lose the whole store.
+	if err := syncDirChain(e.opts.FS, filepath.Join(dir, "log")); err != nil {
+		return fmt.Errorf("embedded: syncing %s: %w", dir, err)
+	}
+	if err := e.checkVersion(); err != nil {
+		return err
+	}
+	if err := e.reclaimPending(0); err != nil {
+		return err
+	}
+	return e.countLive()
+}
+
+// runNow commits fn as a group of its own on the calling goroutine; only
+// while the committer is not running (at open).
+func (e *Engine) runNow(fn func(*txn) error) error {
+	r := &request{fn: fn, done: make(chan struct{})}
+	e.commitGroup([]*request{r})
+	return r.err
 }
 
 // syncDirChain fsyncs every directory from path's parent up to the root, so
@@ -211,16 +257,21 @@ func syncDirChain(fs vfs.FS, path string) error {
 
 func (e *Engine) checkVersion() error {
 	v, err := e.get(e.db, []byte{tVersion})
-	if errors.Is(err, store.ErrNotFound) {
-		return e.db.Set([]byte{tVersion}, []byte{schemaLevel}, pebble.Sync)
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return err
 	}
-	if len(v) != 1 || v[0] != schemaLevel {
-		return fmt.Errorf("embedded: data has schema level %v, this binary knows %d", v, schemaLevel)
+	switch {
+	case len(v) == 1 && v[0] == schemaLevel:
+		return nil
+	case errors.Is(err, store.ErrNotFound), len(v) == 1 && v[0] == 1:
+		// A new store, or level 1, whose chunk-stored bodies this level
+		// still reads.
+		return e.runNow(func(t *txn) error {
+			t.set([]byte{tVersion}, []byte{schemaLevel})
+			return nil
+		})
 	}
-	return nil
+	return fmt.Errorf("embedded: data has schema level %v, this binary knows %d", v, schemaLevel)
 }
 
 // Close stops the committer after the queued transactions and closes the
@@ -235,6 +286,12 @@ func (e *Engine) Close() error {
 	close(e.quit)
 	e.closeMu.Unlock()
 	e.wg.Wait()
+	// A flush makes the next open replay nothing; without it the log
+	// still holds every acknowledged change.
+	if err := e.db.Flush(); err != nil {
+		e.log.Warn("flushing the store at close", "err", err)
+	}
+	e.blog.close()
 	return e.db.Close()
 }
 
@@ -249,23 +306,36 @@ type request struct {
 // group, and returns once that group is durable (or fn failed). fn must not
 // block; when it returns an error none of its writes are kept.
 func (e *Engine) update(ctx context.Context, fn func(*txn) error) error {
+	r, err := e.submit(ctx, fn)
+	if err != nil {
+		return err
+	}
+	// Once queued the transaction may commit: wait for its outcome even if
+	// ctx ends, or the caller could report failure for a durable change.
+	return r.wait()
+}
+
+// submit queues fn for the committer without waiting for it. Transactions
+// run in the order they were queued, so one queued later by the same
+// goroutine sees fn's writes (or fails with it: see commitGroup).
+func (e *Engine) submit(ctx context.Context, fn func(*txn) error) (*request, error) {
 	r := &request{fn: fn, done: make(chan struct{})}
 	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
 	if e.closed {
-		e.closeMu.RUnlock()
-		return ErrClosed
+		return nil, ErrClosed
 	}
 	// The committer keeps taking requests until quit, so this send cannot
 	// block forever while closeMu is held.
 	select {
 	case e.reqs <- r:
+		return r, nil
 	case <-ctx.Done():
-		e.closeMu.RUnlock()
-		return ctx.Err()
+		return nil, ctx.Err()
 	}
-	e.closeMu.RUnlock()
-	// Once queued the transaction may commit: wait for its outcome even if
-	// ctx ends, or the caller could report failure for a durable change.
+}
+
+func (r *request) wait() error {
 	<-r.done
 	return r.err
 }
@@ -302,12 +372,20 @@ func (e *Engine) commitLoop() {
 	}
 }
 
+// commitGroup runs a group's transactions into one batch, writes the batch
+// and the group's bodies to the log as one record, syncs it and only then
+// applies the batch to Pebble: nothing a group wrote is visible before it
+// is durable.
 func (e *Engine) commitGroup(group []*request) {
 	b := e.db.NewIndexedBatch()
 	defer b.Close()
 	t := &txn{e: e, b: b, touched: make(map[store.ID]store.Mailbox)}
+	pos, err := e.blog.begin()
 	ok := 0
 	for _, r := range group {
+		if err != nil {
+			break
+		}
 		t.begin()
 		r.err = safeRun(r.fn, t)
 		if r.err != nil {
@@ -317,7 +395,6 @@ func (e *Engine) commitGroup(group []*request) {
 		t.apply()
 		ok++
 	}
-	var err error
 	if ok > 0 {
 		start := time.Now()
 		e.fenceMu.Lock()
@@ -325,7 +402,16 @@ func (e *Engine) commitGroup(group []*request) {
 			e.fence[id] = m
 		}
 		e.fenceMu.Unlock()
-		err = b.Commit(pebble.Sync)
+		if err = b.Set([]byte{tLogPos}, encodeLogPos(pos), nil); err == nil {
+			err = e.blog.commit(b.Repr())
+		}
+		if err == nil {
+			if err = b.Commit(pebble.NoSync); err != nil {
+				// The log holds a change Pebble does not: only a
+				// recovery can reconcile them.
+				e.blog.failed = err
+			}
+		}
 		// The hot cache takes the group's values before the fences lift,
 		// so that no reader sees them disagree (hotCache).
 		if err != nil {
@@ -334,6 +420,7 @@ func (e *Engine) commitGroup(group []*request) {
 			for k, v := range t.grouped {
 				e.hot.put(k, v)
 			}
+			e.blog.addLive(t.deltas)
 		}
 		e.fenceMu.Lock()
 		for id := range t.touched {
@@ -342,10 +429,10 @@ func (e *Engine) commitGroup(group []*request) {
 		e.fenceMu.Unlock()
 		e.commitLatency.Observe(time.Since(start).Seconds())
 		e.groupSize.Observe(float64(ok))
-		if err != nil {
-			e.log.Error("store commit failed", "err", err, "group", ok)
-			err = fmt.Errorf("embedded: commit: %w", err)
-		}
+	}
+	if err != nil {
+		e.log.Error("store commit failed", "err", err, "group", len(group))
+		err = fmt.Errorf("embedded: commit: %w", err)
 	}
 	for _, r := range group {
 		if r.err == nil && err != nil {

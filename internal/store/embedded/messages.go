@@ -64,7 +64,7 @@ func (e *Engine) Append(ctx context.Context, mailbox store.ID, msgs []store.NewM
 		out = make([]store.Message, len(prepared))
 		for i, msg := range prepared {
 			if body := msgs[i].Body; body != nil {
-				t.putInlineBlob(msg.Blob, body)
+				t.putLogBlob(msg.Blob, body, 1)
 			} else if err := t.addBlobRef(msg.Blob, 1); err != nil {
 				return err
 			}

@@ -18,7 +18,17 @@ import (
 
 var (
 	descDiskBytes = prometheus.NewDesc("quill_store_disk_bytes",
-		"Bytes the embedded store holds on disk (tables, blob files, WAL, manifest), live and not yet deleted.", nil, nil)
+		"Bytes the embedded store holds on disk (body log, tables, manifest), live and not yet deleted.", nil, nil)
+	descLogBytes = prometheus.NewDesc("quill_store_log_bytes",
+		"Bytes of the body log's segments on disk.", nil, nil)
+	descLogLiveBytes = prometheus.NewDesc("quill_store_log_live_bytes",
+		"Bytes of the bodies in the log that messages still reference; the rest is reclaimed by the cleaner.", nil, nil)
+	descLogSegments = prometheus.NewDesc("quill_store_log_segments",
+		"Segment files of the body log.", nil, nil)
+	descLogRemoved = prometheus.NewDesc("quill_store_log_segments_deleted_total",
+		"Body log segments the cleaner deleted since the store was opened.", nil, nil)
+	descLogMoved = prometheus.NewDesc("quill_store_log_moved_bytes_total",
+		"Bytes of live bodies the cleaner copied forward out of sparse segments since the store was opened.", nil, nil)
 	descLevelBytes = prometheus.NewDesc("quill_store_level_bytes",
 		"Bytes of the tables in each level of the embedded store's LSM.", []string{"level"}, nil)
 	descL0Sublevels = prometheus.NewDesc("quill_store_l0_sublevels",
@@ -32,7 +42,7 @@ var (
 	descFlushes = prometheus.NewDesc("quill_store_flushes_total",
 		"Memtable flushes completed since the store was opened.", nil, nil)
 	descWritten = prometheus.NewDesc("quill_store_written_bytes_total",
-		"Bytes the store wrote since it was opened, by kind: wal (the log every commit is synced to), flush (memtables to tables) and compaction (tables rewritten). (flush + compaction) / wal is the write amplification.",
+		"Bytes the store wrote since it was opened, by kind: wal (the body log every commit is synced to), flush (memtables to tables) and compaction (tables rewritten). (flush + compaction) / wal is the write amplification.",
 		[]string{"kind"}, nil)
 	descCacheHits = prometheus.NewDesc("quill_store_block_cache_hits_total",
 		"Block cache hits since the store was opened.", nil, nil)
@@ -50,7 +60,7 @@ var (
 type pebbleCollector struct{ e *Engine }
 
 func (c pebbleCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descDiskBytes, descLevelBytes, descL0Sublevels, descReadAmp,
+	for _, d := range []*prometheus.Desc{descDiskBytes, descLogBytes, descLogLiveBytes, descLogSegments, descLogRemoved, descLogMoved, descLevelBytes, descL0Sublevels, descReadAmp,
 		descDebt, descCompactions, descFlushes, descWritten, descCacheHits, descCacheMisses,
 		descCacheBytes, descMemtableBytes} {
 		ch <- d
@@ -70,7 +80,13 @@ func (c pebbleCollector) Collect(ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
 	}
-	gauge(descDiskBytes, float64(m.DiskSpaceUsage()))
+	ls := c.e.blog.stats()
+	gauge(descDiskBytes, float64(m.DiskSpaceUsage())+float64(ls.size))
+	gauge(descLogBytes, float64(ls.size))
+	gauge(descLogLiveBytes, float64(ls.live))
+	gauge(descLogSegments, float64(ls.segments))
+	counter(descLogRemoved, float64(ls.removed))
+	counter(descLogMoved, float64(ls.moved))
 	var flushed, compacted uint64
 	for i, l := range m.Levels {
 		gauge(descLevelBytes, float64(l.TablesSize), strconv.Itoa(i))
@@ -82,7 +98,7 @@ func (c pebbleCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descDebt, float64(m.Compact.EstimatedDebt))
 	counter(descCompactions, float64(m.Compact.Count))
 	counter(descFlushes, float64(m.Flush.Count))
-	counter(descWritten, float64(m.WAL.BytesWritten), "wal")
+	counter(descWritten, float64(ls.written), "wal")
 	counter(descWritten, float64(flushed), "flush")
 	counter(descWritten, float64(compacted), "compaction")
 	counter(descCacheHits, float64(m.BlockCache.Hits))

@@ -38,9 +38,12 @@ type acked struct {
 func powerLoss(t *testing.T, unsyncedPercent int, seed int64) {
 	ctx := context.Background()
 	fs := vfs.NewCrashableMem()
-	// A 1 MiB memtable makes the WAL rotate and memtables flush many times
-	// during the run: acknowledged data must survive those transitions too.
-	e, err := Open("/quill", Options{FS: fs, MemTableBytes: 1 << 20})
+	// A 1 MiB memtable and 128 KiB log segments make memtables flush and
+	// the log rotate many times during the run, and the writers expunge
+	// two messages in three, so the cleaner deletes segments and copies
+	// live bodies forward while the crash may strike: acknowledged data
+	// must survive all of those transitions too.
+	e, err := Open("/quill", Options{FS: fs, MemTableBytes: 1 << 20, LogSegmentBytes: 128 << 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,10 +59,10 @@ func powerLoss(t *testing.T, unsyncedPercent int, seed int64) {
 	}
 
 	var mu sync.Mutex // orders acknowledgements and observations against the crash
-	var acks []acked
+	var acks, expunged []acked
 	observed := map[store.ID]map[uint32]bool{}
 	var crashed *vfs.MemFS
-	var crashAcks []acked
+	var crashAcks, crashExpunged []acked
 	var crashObserved map[store.ID][]uint32
 	stop := make(chan struct{})
 
@@ -93,8 +96,19 @@ func powerLoss(t *testing.T, unsyncedPercent int, seed int64) {
 					t.Error(err)
 					return
 				}
+				a := acked{box, msgs[0].UID, body}
+				if i%3 == 0 {
+					mu.Lock()
+					acks = append(acks, a)
+					mu.Unlock()
+					continue
+				}
+				if _, _, err := e.Expunge(ctx, box, []uint32{a.uid}); err != nil {
+					t.Error(err)
+					return
+				}
 				mu.Lock()
-				acks = append(acks, acked{box, msgs[0].UID, body})
+				expunged = append(expunged, a)
 				mu.Unlock()
 			}
 		}(w)
@@ -133,6 +147,7 @@ func powerLoss(t *testing.T, unsyncedPercent int, seed int64) {
 		if len(acks) >= crashAt {
 			crashed = fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: unsyncedPercent, RNG: rand.New(rand.NewPCG(uint64(seed), 99))})
 			crashAcks = append([]acked(nil), acks...)
+			crashExpunged = append([]acked(nil), expunged...)
 			crashObserved = map[store.ID][]uint32{}
 			for box, uids := range observed {
 				for uid := range uids {
@@ -147,6 +162,8 @@ func powerLoss(t *testing.T, unsyncedPercent int, seed int64) {
 	}
 	close(stop)
 	wg.Wait()
+	ls := e.blog.stats()
+	t.Logf("before closing: %d log segments, %d deleted, %d bytes moved", ls.segments, ls.removed, ls.moved)
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -173,9 +190,21 @@ func powerLoss(t *testing.T, unsyncedPercent int, seed int64) {
 			t.Fatalf("body of %s/%d differs after the crash (%d bytes, %v)", a.mailbox, a.uid, len(b), err)
 		}
 	}
+	for _, a := range crashExpunged {
+		if _, err := e2.GetMessage(ctx, a.mailbox, a.uid); err == nil {
+			t.Fatalf("message %s/%d, expunged before the crash, is back", a.mailbox, a.uid)
+		}
+	}
 	seen := 0
+	expungedUIDs := map[acked]bool{}
+	for _, a := range expunged {
+		expungedUIDs[acked{mailbox: a.mailbox, uid: a.uid}] = true
+	}
 	for box, uids := range crashObserved {
 		for _, uid := range uids {
+			if expungedUIDs[acked{mailbox: box, uid: uid}] {
+				continue
+			}
 			if _, err := e2.GetMessage(ctx, box, uid); err != nil {
 				t.Fatalf("UID %d of %s was seen by a reader before the crash and is gone after it: %v", uid, box, err)
 			}
@@ -185,5 +214,5 @@ func powerLoss(t *testing.T, unsyncedPercent int, seed int64) {
 	if problems, err := e2.Check(ctx); err != nil || len(problems) > 0 {
 		t.Fatalf("Check after the crash: %v %v", problems, err)
 	}
-	t.Logf("crash after %d acknowledged appends; %d UIDs seen by the reader; all present", len(crashAcks), seen)
+	t.Logf("crash after %d acknowledged appends and %d expunges; %d UIDs seen by the reader; all present", len(crashAcks), len(crashExpunged), seen)
 }

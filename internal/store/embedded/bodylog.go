@@ -1,0 +1,507 @@
+package embedded
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// The body log is the engine's write-ahead log: Pebble runs with its own WAL
+// disabled, and every commit group is one record appended to the log and
+// synced before the group's batch is applied to Pebble's memtable. A record
+// carries the group's message bodies followed by the batch (Batch.Repr), so
+// a body costs one sequential write and shares its group's one fdatasync,
+// and it is never rewritten by Pebble's compactions: the LSM holds only a
+// small record that locates it (blobRecord.Seg, Off).
+//
+// Layout. The log is a directory of segment files named by a decimal
+// sequence number, each at most about segmentBytes. A segment starts with a
+// header:
+//
+//	magic "QLG1" | prevEnd uint64 | crc32c(magic, prevEnd) uint32
+//
+// where prevEnd is the valid length of the segment before it, and then
+// holds records:
+//
+//	payloadLen uint32 | crc32c(payload) uint32 | payload:
+//	    bodiesLen uint32 | bodies | batch repr
+//
+// All integers are little-endian. Each batch also sets the logPos key to
+// the position (segment, offset) of its own record, so Pebble's persisted
+// state names the last record it contains.
+//
+// Recovery. At open every record after the persisted logPos is applied
+// again, in order. A record that is short or fails its CRC ends the last
+// segment (a torn write that was never acknowledged: records are
+// acknowledged only after their sync); writing resumes in a new segment
+// whose header records where the old one ended, so that a later recovery
+// can tell that end from corruption, which anywhere else is an error.
+//
+// Space. A segment can be deleted once Pebble holds all of its records in
+// tables (a flush finished after the segment was sealed) and no blob
+// record points into it. The cleaner counts the live bytes of every
+// segment; when a sealed segment is less than half live it copies the
+// live bodies forward into the current segment, through the committer, and
+// deletes it once they have moved. Readers hold a reference on the segment
+// they read, so a deleted segment's file is closed only after its last
+// reader.
+
+const (
+	segMagic     = "QLG1"
+	segHeaderLen = 16
+	recHeaderLen = 12
+	// maxRecord bounds a record's length at recovery: a larger length can
+	// only be garbage (a group is at most MaxGroup inline bodies).
+	maxRecord = 1 << 30
+	// defaultSegmentBytes is the size at which the log moves to a new
+	// segment: large enough that rotations (a file creation and a
+	// directory sync) are rare, small enough that one segment's garbage is
+	// a modest share of the disk.
+	defaultSegmentBytes = 64 << 20
+	// cleanAfterSegments is how many reclaimable segments may wait for a
+	// flush before the cleaner forces one: forcing one per segment would
+	// multiply Pebble's flushes.
+	cleanAfterSegments = 4
+)
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// segment is one log file. refs counts the log's own reference (while the
+// segment is listed) plus one per open reader; the file closes at zero.
+type segment struct {
+	id      uint32
+	f       vfs.File // for reading
+	size    int64    // bytes written (valid length once sealed)
+	live    int64    // bytes of bodies that blob records point at
+	refs    int
+	sealed  bool // no more records will be written to it
+	flushed bool // sealed, and Pebble's tables hold all its records
+}
+
+// bodyLog is the write-ahead log and body store. The writing half (cur, w,
+// off, buf, failed) belongs to the committer; the segment table is shared
+// with readers and the cleaner under mu.
+type bodyLog struct {
+	fs       vfs.FS
+	dir      string
+	segBytes int64
+
+	mu      sync.Mutex
+	segs    map[uint32]*segment
+	written int64 // bytes appended since open
+	removed int64 // segments deleted since open
+	moved   int64 // body bytes copied forward since open
+
+	cur    *segment
+	w      vfs.File
+	off    int64  // where the next record starts in cur
+	buf    []byte // the record being built
+	failed error  // a write or sync failed: the log's tail is unknown
+	// wake tells the cleaner that a segment was sealed; cleaning
+	// serializes its passes.
+	wake     chan struct{}
+	cleaning sync.Mutex
+}
+
+func segName(id uint32) string { return fmt.Sprintf("%010d.log", id) }
+
+// openLog lists the segments in dir without reading them.
+func openLog(fs vfs.FS, dir string, segBytes int64) (*bodyLog, error) {
+	if err := fs.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	names, err := fs.List(dir)
+	if err != nil {
+		return nil, err
+	}
+	l := &bodyLog{fs: fs, dir: dir, segBytes: segBytes, segs: map[uint32]*segment{}, wake: make(chan struct{}, 1)}
+	for _, name := range names {
+		num, ok := strings.CutSuffix(name, ".log")
+		if !ok {
+			continue
+		}
+		id, err := strconv.ParseUint(num, 10, 32)
+		if err != nil || id == 0 {
+			continue
+		}
+		f, err := fs.Open(fs.PathJoin(dir, name))
+		if err != nil {
+			l.close()
+			return nil, err
+		}
+		st, err := f.Stat()
+		if err != nil {
+			f.Close()
+			l.close()
+			return nil, err
+		}
+		l.segs[uint32(id)] = &segment{id: uint32(id), f: f, size: st.Size(), refs: 1, sealed: true}
+	}
+	return l, nil
+}
+
+// ids returns the listed segments' IDs in order.
+func (l *bodyLog) ids() []uint32 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ids := make([]uint32, 0, len(l.segs))
+	for id := range l.segs {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// replay applies to db, in order, every record after the position from
+// (the persisted logPos; zero for none), then starts a new segment to
+// write to. Segments before from's are marked flushed.
+func (l *bodyLog) replay(db *pebble.DB, from logPos) error {
+	ids := l.ids()
+	end := int64(0) // valid length of the last segment
+	for i, id := range ids {
+		s := l.segs[id]
+		if id < from.seg {
+			s.flushed = true
+			continue
+		}
+		last := i == len(ids)-1
+		limit, lenient := s.size, last
+		if !last {
+			if ids[i+1] != id+1 {
+				// The next segment was deleted, which the cleaner does only
+				// once Pebble's tables hold all its records, and so all of
+				// this one's: there is nothing here after from to apply.
+				if id != from.seg {
+					return fmt.Errorf("embedded: log segment %s is missing: %w", segName(id+1), errCorrupt)
+				}
+				continue
+			}
+			if prev, ok := l.prevEnd(l.segs[id+1]); ok {
+				limit = prev
+			} else {
+				// The next segment's header is torn, so it never held a
+				// record and this one was the last.
+				lenient = true
+			}
+		}
+		var err error
+		end, err = l.replaySegment(db, s, limit, lenient, from)
+		if err != nil {
+			return err
+		}
+		s.size = end
+	}
+	next := uint32(1)
+	if len(ids) > 0 {
+		next = ids[len(ids)-1] + 1
+	}
+	return l.rotate(next, end)
+}
+
+// prevEnd reads the valid length of the segment before s from s's header;
+// false if the header is torn.
+func (l *bodyLog) prevEnd(s *segment) (int64, bool) {
+	var h [segHeaderLen]byte
+	if n, _ := s.f.ReadAt(h[:], 0); n < segHeaderLen || !validSegHeader(h[:]) {
+		return 0, false
+	}
+	return int64(binary.LittleEndian.Uint64(h[4:12])), true
+}
+
+func validSegHeader(h []byte) bool {
+	return string(h[:4]) == segMagic && crc32.Checksum(h[:12], crcTable) == binary.LittleEndian.Uint32(h[12:16])
+}
+
+// replaySegment applies the records of s up to limit that come after from,
+// and returns the segment's valid length. In the last segment (lenient) a
+// bad record is a torn tail and ends it; elsewhere records must fill limit
+// exactly.
+func (l *bodyLog) replaySegment(db *pebble.DB, s *segment, limit int64, lenient bool, from logPos) (int64, error) {
+	corrupt := func(at int64, what string) (int64, error) {
+		if lenient {
+			return at, nil
+		}
+		return 0, fmt.Errorf("embedded: log segment %s at %d: %s: %w", segName(s.id), at, what, errCorrupt)
+	}
+	if limit <= segHeaderLen && !lenient {
+		return limit, nil // its successor began before any record was written
+	}
+	var h [segHeaderLen]byte
+	if n, _ := s.f.ReadAt(h[:], 0); n < segHeaderLen || !validSegHeader(h[:]) {
+		return corrupt(0, "bad header")
+	}
+	var payload []byte
+	pos := int64(segHeaderLen)
+	for pos < limit {
+		var rh [8]byte
+		if n, _ := s.f.ReadAt(rh[:], pos); n < len(rh) {
+			return corrupt(pos, "short record header")
+		}
+		n := int64(binary.LittleEndian.Uint32(rh[:4]))
+		if n < 4 || n > maxRecord || pos+8+n > limit {
+			return corrupt(pos, "bad record length")
+		}
+		applied := s.id == from.seg && pos <= from.off
+		if !applied {
+			if int64(cap(payload)) < n {
+				payload = make([]byte, n)
+			}
+			payload = payload[:n]
+			if got, _ := s.f.ReadAt(payload, pos+8); int64(got) < n {
+				return corrupt(pos, "short record")
+			}
+			if crc32.Checksum(payload, crcTable) != binary.LittleEndian.Uint32(rh[4:]) {
+				return corrupt(pos, "checksum mismatch")
+			}
+			bodies := int64(binary.LittleEndian.Uint32(payload[:4]))
+			if bodies > n-4 {
+				return corrupt(pos, "bad bodies length")
+			}
+			b := db.NewBatch()
+			if err := b.SetRepr(payload[4+bodies:]); err != nil {
+				b.Close()
+				return corrupt(pos, err.Error())
+			}
+			err := db.Apply(b, pebble.NoSync)
+			b.Close()
+			if err != nil {
+				return 0, fmt.Errorf("embedded: replaying log segment %s at %d: %w", segName(s.id), pos, err)
+			}
+		}
+		pos += 8 + n
+	}
+	return pos, nil
+}
+
+// rotate seals the current segment and starts segment id, whose header
+// records prevEnd. The new file and its directory entry are synced before
+// any record is written to it.
+func (l *bodyLog) rotate(id uint32, prevEnd int64) error {
+	name := l.fs.PathJoin(l.dir, segName(id))
+	w, err := l.fs.Create(name, vfs.WriteCategoryUnspecified)
+	if err != nil {
+		return err
+	}
+	var h [segHeaderLen]byte
+	copy(h[:4], segMagic)
+	binary.LittleEndian.PutUint64(h[4:12], uint64(prevEnd))
+	binary.LittleEndian.PutUint32(h[12:16], crc32.Checksum(h[:12], crcTable))
+	err = errors.Join(write(w, h[:]), w.Sync())
+	if err == nil {
+		err = syncDir(l.fs, l.dir)
+	}
+	var r vfs.File
+	if err == nil {
+		r, err = l.fs.Open(name)
+	}
+	if err != nil {
+		w.Close()
+		return fmt.Errorf("embedded: starting log segment %s: %w", name, err)
+	}
+	if l.w != nil {
+		l.w.Close()
+	}
+	s := &segment{id: id, f: r, size: segHeaderLen, refs: 1}
+	l.mu.Lock()
+	if l.cur != nil {
+		l.cur.sealed = true
+	}
+	l.segs[id] = s
+	l.written += segHeaderLen
+	l.mu.Unlock()
+	l.cur, l.w, l.off = s, w, segHeaderLen
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+func write(w io.Writer, p []byte) error {
+	_, err := w.Write(p)
+	return err
+}
+
+func syncDir(fs vfs.FS, dir string) error {
+	d, err := fs.OpenDir(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	return errors.Join(err, d.Close())
+}
+
+// begin starts the next record, moving to a new segment if the current one
+// is full, and returns the record's position. Committer only.
+func (l *bodyLog) begin() (logPos, error) {
+	if l.failed != nil {
+		return logPos{}, l.failed
+	}
+	if l.off >= l.segBytes {
+		if err := l.rotate(l.cur.id+1, l.off); err != nil {
+			l.failed = err
+			return logPos{}, err
+		}
+	}
+	if cap(l.buf) > 16<<20 {
+		l.buf = nil // a large group's buffer is not kept
+	}
+	l.buf = append(l.buf[:0], make([]byte, recHeaderLen)...)
+	return logPos{l.cur.id, l.off}, nil
+}
+
+// addBody appends a body to the record being built and returns where it
+// will be in the log. Committer only, between begin and commit.
+func (l *bodyLog) addBody(body []byte) (seg uint32, off int64) {
+	off = l.off + int64(len(l.buf))
+	l.buf = append(l.buf, body...)
+	return l.cur.id, off
+}
+
+// mark and truncate let a failed transaction take back its bodies.
+func (l *bodyLog) mark() int         { return len(l.buf) }
+func (l *bodyLog) truncate(mark int) { l.buf = l.buf[:mark] }
+
+// commit completes the record with the group's batch, writes it and syncs
+// it. When it returns nil the record is durable. A failure leaves the
+// log's tail unknown, so every later commit fails too until the store is
+// reopened (and recovery finds the tail). Committer only.
+func (l *bodyLog) commit(repr []byte) error {
+	bodies := len(l.buf) - recHeaderLen
+	l.buf = append(l.buf, repr...)
+	binary.LittleEndian.PutUint32(l.buf[0:4], uint32(len(l.buf)-8))
+	binary.LittleEndian.PutUint32(l.buf[8:12], uint32(bodies))
+	binary.LittleEndian.PutUint32(l.buf[4:8], crc32.Checksum(l.buf[8:], crcTable))
+	if err := errors.Join(write(l.w, l.buf), l.w.SyncData()); err != nil {
+		l.failed = fmt.Errorf("embedded: writing log segment %s: %w", segName(l.cur.id), err)
+		return l.failed
+	}
+	l.off += int64(len(l.buf))
+	l.mu.Lock()
+	l.cur.size = l.off
+	l.written += int64(len(l.buf))
+	l.mu.Unlock()
+	return nil
+}
+
+// segDelta is a change in a segment's live bytes.
+type segDelta struct {
+	seg   uint32
+	bytes int64
+}
+
+// addLive applies the live-byte changes of a committed group.
+func (l *bodyLog) addLive(deltas []segDelta) {
+	if len(deltas) == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, d := range deltas {
+		if s := l.segs[d.seg]; s != nil {
+			s.live += d.bytes
+		}
+	}
+}
+
+// acquire returns segment id with a reference the caller must release, or
+// false if it is no longer listed.
+func (l *bodyLog) acquire(id uint32) (*segment, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.segs[id]
+	if s == nil {
+		return nil, false
+	}
+	s.refs++
+	return s, true
+}
+
+func (l *bodyLog) release(s *segment) {
+	l.mu.Lock()
+	s.refs--
+	last := s.refs == 0
+	l.mu.Unlock()
+	if last {
+		s.f.Close()
+	}
+}
+
+// remove unlists a segment and deletes its file; readers still holding it
+// keep reading the open file.
+func (l *bodyLog) remove(s *segment) error {
+	l.mu.Lock()
+	if l.segs[s.id] != s {
+		l.mu.Unlock()
+		return nil
+	}
+	delete(l.segs, s.id)
+	l.removed++
+	l.mu.Unlock()
+	err := l.fs.Remove(l.fs.PathJoin(l.dir, segName(s.id)))
+	l.release(s)
+	return err
+}
+
+// logStats describes the log for metrics and tests.
+type logStats struct {
+	size, live int64 // bytes on disk, bytes of referenced bodies
+	segments   int
+	// Since open: bytes appended, segments deleted, body bytes copied
+	// forward.
+	written, removed, moved int64
+}
+
+func (l *bodyLog) stats() logStats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st := logStats{segments: len(l.segs), written: l.written, removed: l.removed, moved: l.moved}
+	for _, s := range l.segs {
+		st.size += s.size
+		st.live += s.live
+	}
+	return st
+}
+
+// close closes every file; the engine calls it after the committer and
+// cleaner have stopped.
+func (l *bodyLog) close() {
+	if l.w != nil {
+		l.w.Close()
+		l.w = nil
+	}
+	l.mu.Lock()
+	segs := l.segs
+	l.segs = map[uint32]*segment{}
+	l.mu.Unlock()
+	for _, s := range segs {
+		l.release(s)
+	}
+}
+
+// logPos is a record's position in the log.
+type logPos struct {
+	seg uint32
+	off int64
+}
+
+func encodeLogPos(p logPos) []byte {
+	b := binary.BigEndian.AppendUint32(nil, p.seg)
+	return binary.BigEndian.AppendUint64(b, uint64(p.off))
+}
+
+func decodeLogPos(b []byte) (logPos, error) {
+	if len(b) != 12 {
+		return logPos{}, errCorrupt
+	}
+	return logPos{binary.BigEndian.Uint32(b), int64(binary.BigEndian.Uint64(b[4:]))}, nil
+}

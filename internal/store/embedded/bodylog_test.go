@@ -1,0 +1,288 @@
+package embedded
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"quill/internal/store"
+)
+
+// deliverN appends n messages of about size bytes to a new user's INBOX,
+// inline as delivery does, and returns the mailbox and the bodies by UID.
+func deliverN(t *testing.T, e *Engine, user string, n, size int) (store.ID, map[uint32]string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := e.CreateUser(ctx, store.User{Address: user}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := e.GetMailbox(ctx, user, "INBOX")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bodies := map[uint32]string{}
+	for i := range n {
+		body := fmt.Sprintf("message %d\r\n%s\r\n", i, strings.Repeat(string(rune('a'+i%26)), size))
+		msgs, err := e.Append(ctx, m.ID, []store.NewMessage{{Body: []byte(body), Size: int64(len(body))}}, store.AppendOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		bodies[msgs[0].UID] = body
+	}
+	return m.ID, bodies
+}
+
+// verifyBodies checks that the mailbox holds exactly the given bodies, and
+// that the store is consistent.
+func verifyBodies(t *testing.T, e *Engine, box store.ID, bodies map[uint32]string) {
+	t.Helper()
+	ctx := context.Background()
+	msgs, err := e.ListMessages(ctx, box, 1, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) != len(bodies) {
+		t.Fatalf("%d messages, want %d", len(msgs), len(bodies))
+	}
+	for _, m := range msgs {
+		r, err := e.OpenBlob(ctx, m.Blob)
+		if err != nil {
+			t.Fatalf("uid %d: %v", m.UID, err)
+		}
+		b, err := io.ReadAll(r)
+		r.Close()
+		if err != nil || string(b) != bodies[m.UID] {
+			t.Fatalf("uid %d: body differs (%d bytes, %v)", m.UID, len(b), err)
+		}
+	}
+	if problems, err := e.Check(ctx); err != nil || len(problems) > 0 {
+		t.Fatalf("Check: %v %v", problems, err)
+	}
+}
+
+// TestLogCleaning: once most messages are expunged, a cleaning pass copies
+// the survivors forward and deletes the sparse segments; a reader that
+// opened a body before it moved keeps reading it; and all of it holds
+// across a reopen.
+func TestLogCleaning(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	opts := Options{LogSegmentBytes: 64 << 10}
+	e, err := Open(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	box, bodies := deliverN(t, e, "u@example.test", 300, 4000)
+	before := e.blog.stats()
+	var gone []uint32
+	for uid := range bodies {
+		if uid%4 != 0 {
+			gone = append(gone, uid)
+		}
+	}
+	if _, _, err := e.Expunge(ctx, box, gone); err != nil {
+		t.Fatal(err)
+	}
+	var keptBytes int64
+	for _, uid := range gone {
+		delete(bodies, uid)
+	}
+	for _, b := range bodies {
+		keptBytes += int64(len(b))
+	}
+	// A reader opened before the cleaning.
+	first, err := e.GetMessage(ctx, box, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := e.OpenBlob(ctx, first.Blob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+
+	if err := e.cleanLog(true); err != nil {
+		t.Fatal(err)
+	}
+	after := e.blog.stats()
+	t.Logf("before: %d segments, %d bytes; after: %d segments, %d bytes, %d live, %d deleted, %d moved",
+		before.segments, before.size, after.segments, after.size, after.live, after.removed, after.moved)
+	if after.live != keptBytes {
+		t.Errorf("live bytes %d, want the kept bodies' %d", after.live, keptBytes)
+	}
+	if after.removed == 0 || after.moved == 0 {
+		t.Errorf("cleaning deleted %d segments and moved %d bytes; want both", after.removed, after.moved)
+	}
+	// Everything but the current segment was sparse: what remains is the
+	// current segment, what the moves filled, and nothing more.
+	if max := 2 + int(keptBytes/opts.LogSegmentBytes); after.segments > max {
+		t.Errorf("%d segments remain, want at most %d", after.segments, max)
+	}
+	if after.size >= before.size/2 {
+		t.Errorf("log is %d bytes after cleaning, was %d", after.size, before.size)
+	}
+	got, err := io.ReadAll(r)
+	if err != nil || string(got) != bodies[4] {
+		t.Fatalf("reader opened before the move: %d bytes, %v", len(got), err)
+	}
+	verifyBodies(t, e, box, bodies)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	e, err = Open(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	verifyBodies(t, e, box, bodies)
+	if st := e.blog.stats(); st.live != keptBytes {
+		t.Errorf("after reopening, live bytes %d, want %d", st.live, keptBytes)
+	}
+}
+
+// crashedLog delivers into a crashable filesystem without closing the
+// store, so that the log, not Pebble's tables, holds the deliveries, and
+// returns the filesystem as a power loss would leave it.
+func crashedLog(t *testing.T, n int) (*vfs.MemFS, store.ID, map[uint32]string) {
+	t.Helper()
+	fs := vfs.NewCrashableMem()
+	e, err := Open("/quill", Options{FS: fs, LogSegmentBytes: 32 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	box, bodies := deliverN(t, e, "u@example.test", n, 3000)
+	crashed := fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 0})
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return crashed, box, bodies
+}
+
+func logSegments(t *testing.T, fs vfs.FS) []string {
+	t.Helper()
+	names, err := fs.List("/quill/log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// TestLogTornTail: garbage after the last record (a write the crash cut
+// short) is dropped at recovery, writing resumes in a new segment, and a
+// second recovery still reads everything.
+func TestLogTornTail(t *testing.T) {
+	fs, box, bodies := crashedLog(t, 60)
+	segs := logSegments(t, fs)
+	last := "/quill/log/" + segs[len(segs)-1]
+	f, err := fs.OpenReadWrite(last, vfs.WriteCategoryUnspecified)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := f.Stat()
+	// A record header promising more than follows, then noise.
+	if _, err := f.WriteAt([]byte("\x00\x10\x00\x00\xde\xad\xbe\xefnoise"), st.Size()); err != nil {
+		t.Fatal(err)
+	}
+	f.Sync()
+	f.Close()
+
+	e, err := Open("/quill", Options{FS: fs, LogSegmentBytes: 32 << 10})
+	if err != nil {
+		t.Fatalf("recovering past a torn tail: %v", err)
+	}
+	verifyBodies(t, e, box, bodies)
+	// More mail after the recovery, then a second power loss.
+	ctx := context.Background()
+	body := "after the first recovery\r\n"
+	msgs, err := e.Append(ctx, box, []store.NewMessage{{Body: []byte(body), Size: int64(len(body))}}, store.AppendOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bodies[msgs[0].UID] = body
+	fs2 := fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 0})
+	e.Close()
+
+	e, err = Open("/quill", Options{FS: fs2})
+	if err != nil {
+		t.Fatalf("second recovery: %v", err)
+	}
+	defer e.Close()
+	verifyBodies(t, e, box, bodies)
+}
+
+// TestLogCorruptionRefused: a damaged record before the log's end is not
+// a torn write, and the store refuses to open rather than lose what
+// follows it.
+func TestLogCorruptionRefused(t *testing.T) {
+	fs, _, _ := crashedLog(t, 60)
+	segs := logSegments(t, fs)
+	if len(segs) < 3 {
+		t.Fatalf("want several segments, have %v", segs)
+	}
+	f, err := fs.OpenReadWrite("/quill/log/"+segs[1], vfs.WriteCategoryUnspecified)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("XXXX"), segHeaderLen+recHeaderLen+100); err != nil {
+		t.Fatal(err)
+	}
+	f.Sync()
+	f.Close()
+	e, err := Open("/quill", Options{FS: fs})
+	if err == nil {
+		e.Close()
+		t.Fatal("opened a store whose log is corrupt before its end")
+	}
+	if !errors.Is(err, errCorrupt) {
+		t.Fatalf("error %v, want errCorrupt", err)
+	}
+	t.Log(err)
+}
+
+// TestUpgradeFromChunkStore: a store at schema level 1 (bodies in chunks
+// only) opens, is raised to level 2, and keeps its bodies readable.
+func TestUpgradeFromChunkStore(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	e, err := Open(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	box, bodies := deliverN(t, e, "u@example.test", 3, 100)
+	// A body in chunks, as level 1 stored every body.
+	big := strings.Repeat("chunked\r\n", 40000)
+	id, n, err := e.PutBlob(ctx, strings.NewReader(big), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := e.Append(ctx, box, []store.NewMessage{{Blob: id, Size: n}}, store.AppendOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bodies[msgs[0].UID] = big
+	if err := e.update(ctx, func(t *txn) error {
+		t.set([]byte{tVersion}, []byte{1})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.Close()
+
+	e, err = Open(dir, Options{})
+	if err != nil {
+		t.Fatalf("opening a level-1 store: %v", err)
+	}
+	defer e.Close()
+	if v, err := e.get(e.db, []byte{tVersion}); err != nil || v[0] != schemaLevel {
+		t.Fatalf("schema level %v, %v; want %d", v, err, schemaLevel)
+	}
+	verifyBodies(t, e, box, bodies)
+}

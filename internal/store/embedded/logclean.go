@@ -1,0 +1,234 @@
+package embedded
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"quill/internal/store"
+)
+
+// moveBatchBytes bounds the bodies one cleaning transaction copies forward,
+// so that a cleaning never makes one commit group much larger than the
+// deliveries it shares the committer with.
+const moveBatchBytes = 4 << 20
+
+// countLive sets every segment's live bytes from the log index; at open,
+// before the committer starts.
+func (e *Engine) countLive() error {
+	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: []byte{tLogged}, UpperBound: []byte{tLogged + 1}})
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	var deltas []segDelta
+	for it.First(); it.Valid(); it.Next() {
+		k := it.Key()
+		size, n := binary.Varint(it.Value())
+		if len(k) != 1+4+16 || n <= 0 {
+			return fmt.Errorf("embedded: log index entry %x: %w", k, errCorrupt)
+		}
+		deltas = append(deltas, segDelta{binary.BigEndian.Uint32(k[1:5]), size})
+	}
+	if err := it.Error(); err != nil {
+		return err
+	}
+	e.blog.addLive(deltas)
+	return nil
+}
+
+// cleanLoop reclaims the log's space whenever the log moves to a new
+// segment, and once a minute in case deliveries have stopped.
+func (e *Engine) cleanLoop() {
+	defer e.wg.Done()
+	tick := time.NewTicker(time.Minute)
+	defer tick.Stop()
+	for {
+		var err error
+		select {
+		case <-e.quit:
+			return
+		case <-e.blog.wake:
+			err = e.cleanLog(false)
+		case <-tick.C:
+			err = e.cleanLog(true)
+		}
+		if err != nil && !errors.Is(err, ErrClosed) {
+			e.log.Warn("cleaning the body log", "err", err)
+		}
+	}
+}
+
+// cleanLog makes one pass over the sealed segments: it deletes those that
+// no blob points into, and copies the live bodies of those less than half
+// live forward so that they can be deleted next. Either needs Pebble's
+// tables to hold the segment's records; when at least cleanAfterSegments
+// reclaimable segments (or, with force, any) wait for that, it flushes.
+func (e *Engine) cleanLog(force bool) error {
+	l := e.blog
+	l.cleaning.Lock()
+	defer l.cleaning.Unlock()
+	l.mu.Lock()
+	var reclaimable, sealed []*segment
+	waiting := 0
+	for _, s := range l.segs {
+		if !s.sealed {
+			continue
+		}
+		sealed = append(sealed, s)
+		if s.live == 0 || 2*s.live < s.size {
+			reclaimable = append(reclaimable, s)
+			if !s.flushed {
+				waiting++
+			}
+		}
+	}
+	l.mu.Unlock()
+	if waiting > 0 && (force || waiting >= cleanAfterSegments) {
+		// Every record of a sealed segment was applied before the flush
+		// begins, so the flush puts them all in tables.
+		if err := e.db.Flush(); err != nil {
+			return err
+		}
+		l.mu.Lock()
+		for _, s := range sealed {
+			s.flushed = true
+		}
+		l.mu.Unlock()
+	}
+	slices.SortFunc(reclaimable, func(a, b *segment) int { return int(a.id) - int(b.id) })
+	for _, s := range reclaimable {
+		l.mu.Lock()
+		flushed, live := s.flushed, s.live
+		l.mu.Unlock()
+		if !flushed {
+			continue
+		}
+		if live > 0 {
+			if err := e.moveLive(s); err != nil {
+				return err
+			}
+		}
+		if err := e.dropSegment(s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dropSegment deletes a sealed, flushed segment if the log index confirms
+// that no blob points into it. The index, not the live count, decides: the
+// count only says when to look.
+func (e *Engine) dropSegment(s *segment) error {
+	p := loggedPrefix(s.id)
+	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: prefixEnd(p)})
+	if err != nil {
+		return err
+	}
+	used := it.First()
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return err
+	}
+	if used {
+		return nil
+	}
+	return e.blog.remove(s)
+}
+
+// moveLive copies the bodies that still live in segment s into the current
+// segment and points their blob records there, through the committer.
+func (e *Engine) moveLive(s *segment) error {
+	type live struct {
+		id   store.ID
+		off  int64
+		body []byte
+	}
+	p := loggedPrefix(s.id)
+	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: prefixEnd(p)})
+	if err != nil {
+		return err
+	}
+	var ids []store.ID
+	for it.First(); it.Valid(); it.Next() {
+		var id store.ID
+		copy(id[:], it.Key()[len(p):])
+		ids = append(ids, id)
+	}
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return err
+	}
+	var batch []live
+	var bytes int64
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		moving := batch
+		batch, bytes = nil, 0
+		var moved int64
+		err := e.update(context.Background(), func(t *txn) error {
+			for _, m := range moving {
+				v, err := t.get(blobKey(m.id))
+				if errors.Is(err, store.ErrNotFound) {
+					continue // expunged meanwhile
+				}
+				if err != nil {
+					return err
+				}
+				r, err := decodeBlob(v)
+				if err != nil {
+					return err
+				}
+				if r.Seg != s.id || r.Off != m.off {
+					continue
+				}
+				t.del(loggedKey(s.id, m.id))
+				t.deltas = append(t.deltas, segDelta{s.id, -r.Size})
+				r.Seg, r.Off = t.e.blog.addBody(m.body)
+				t.set(loggedKey(r.Seg, m.id), binary.AppendVarint(nil, r.Size))
+				t.set(blobKey(m.id), encodeBlob(r))
+				t.deltas = append(t.deltas, segDelta{r.Seg, r.Size})
+				moved += r.Size
+			}
+			return nil
+		})
+		if err == nil {
+			e.blog.mu.Lock()
+			e.blog.moved += moved
+			e.blog.mu.Unlock()
+		}
+		return err
+	}
+	for _, id := range ids {
+		v, err := e.get(e.db, blobKey(id))
+		if errors.Is(err, store.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		r, err := decodeBlob(v)
+		if err != nil {
+			return err
+		}
+		if r.Seg != s.id {
+			continue
+		}
+		body := make([]byte, r.Size)
+		if n, err := s.f.ReadAt(body, r.Off); int64(n) < r.Size {
+			return fmt.Errorf("blob %s: short in log segment %s: %v: %w", id, segName(s.id), err, errCorrupt)
+		}
+		batch = append(batch, live{id, r.Off, body})
+		if bytes += r.Size; bytes >= moveBatchBytes {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	return flush()
+}
