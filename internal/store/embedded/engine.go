@@ -1,5 +1,6 @@
-// Package embedded is Quill's single-node storage engine: metadata and
-// message bodies in one Pebble database on local disk.
+// Package embedded is Quill's single-node storage engine: metadata in a
+// Pebble database and message bodies in an append-only log beside it, on
+// local disk.
 //
 // Writes and durability. Every mutation runs as a transaction function on a
 // single committer goroutine, which gathers all transactions queued while
@@ -11,25 +12,29 @@
 //	    for each request: run its function against the group's batch;
 //	                      keep its writes only if it succeeded
 //	    fence every mailbox the group touched at its pre-group state
-//	    commit the batch with Sync
+//	    append the group's bodies and batch to the log as one record; fdatasync
+//	    apply the batch to Pebble; update the hot cache
 //	    lift the fences; answer every request
 //
+// The log is the write-ahead log (bodylog.go): Pebble runs without its own,
+// and a group is applied to Pebble only once its record is durable, so
+// nothing a reader sees can be lost by a crash.
+//
 // Because one goroutine assigns UIDs and MODSEQs and commits groups in order,
-// they are strictly increasing in commit order. Pebble makes a synced batch
-// visible to readers before its fsync returns, so readers clamp what they
-// see of a fenced mailbox to its pre-group state: no reader can observe a UID
-// that a crash could then hand out again.
+// they are strictly increasing in commit order. Between applying a batch and
+// updating the hot cache, a mailbox record read from the cache and the
+// messages read from Pebble could disagree, so readers clamp what they see
+// of a fenced mailbox to its pre-group state.
 //
 // Rejected alternative: a lock per mailbox held across the commit. It
 // serializes a hot mailbox at one fsync per message; the committer instead
 // puts a whole group of deliveries to that mailbox into one fsync.
 //
-// Bodies are written by PutBlob outside the committer with unsynced writes;
-// the WAL is sequential, so the synced commit of the Append that references
-// a blob makes the blob durable too. Until its first reference a blob is
-// marked pending; pending blobs are reclaimed at open and periodically. A
-// body given inline to Append (store.NewMessage.Body) is written by the
-// committer with its one reference, in the same batch, and needs no mark.
+// A body given inline to Append (store.NewMessage.Body) goes into the log
+// with its one reference, in the same record. PutBlob stores a body on its
+// own (in the log if it fits one chunk, in chunks in Pebble if larger) and
+// marks it pending until its first reference; pending blobs are reclaimed
+// at open and periodically.
 package embedded
 
 import (

@@ -20,10 +20,10 @@ import (
 // is its only writer: it reads without the lock and writes under it; other
 // goroutines read under it. An entry is always a durable value: it is
 // filled from the database between groups or from a group after its
-// synced commit, and updated before the group's fences are lifted and its
-// requests answered (see commitGroup), so a reader never sees a mailbox
-// record newer than what the fences allow nor older than an acknowledged
-// write.
+// record is synced to the log, and updated before the group's fences are
+// lifted and its requests answered (see commitGroup), so a reader never
+// sees a mailbox record newer than what the fences allow nor older than an
+// acknowledged write.
 //
 // Values are shared, never modified: a transaction that changes a record
 // encodes a new value, and decoders copy what they keep.
