@@ -355,7 +355,7 @@ func (l *bodyLog) begin() (logPos, error) {
 	if cap(l.buf) > 16<<20 {
 		l.buf = nil // a large group's buffer is not kept
 	}
-	l.buf = append(l.buf[:0], make([]byte, recHeaderLen)...)
+	l.buf = append(l.buf[:0], make([]byte, recHeaderLen)...) // filled by commit
 	return logPos{l.cur.id, l.off}, nil
 }
 

@@ -88,7 +88,10 @@ func changeKey(id store.ID, modseq uint64, uid uint32) []byte {
 	return binary.BigEndian.AppendUint32(k, uid)
 }
 
-func loggedKey(seg uint32, id store.ID) []byte { return append(loggedPrefix(seg), id[:]...) }
+func loggedKey(seg uint32, id store.ID) []byte {
+	k := binary.BigEndian.AppendUint32(append(make([]byte, 0, 1+4+len(id)), tLogged), seg)
+	return append(k, id[:]...)
+}
 
 func chunkKey(id store.ID, n uint32) []byte {
 	return binary.BigEndian.AppendUint32(key(tChunk, id[:]), n)

@@ -13,10 +13,10 @@ import (
 	"quill/internal/store"
 )
 
-// moveBatchBytes bounds the bodies one cleaning transaction copies forward,
-// so that a cleaning never makes one commit group much larger than the
-// deliveries it shares the committer with.
-const moveBatchBytes = 4 << 20
+// moveBatchBytes bounds the bodies one cleaning transaction copies forward:
+// the commit group that carries them writes and syncs them before it
+// answers the deliveries it holds, so a large one shows in their latency.
+const moveBatchBytes = 512 << 10
 
 // countLive sets every segment's live bytes from the log index; at open,
 // before the committer starts.
