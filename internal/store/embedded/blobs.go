@@ -87,6 +87,9 @@ func (e *Engine) PutBlob(ctx context.Context, r io.Reader, maxSize int64) (store
 				return nil
 			})
 		}
+		if ctx.Err() != nil {
+			return fail(ctx.Err())
+		}
 		if n > 0 {
 			group = append(group, append([]byte(nil), buf[:n]...))
 		}

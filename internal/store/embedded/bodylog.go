@@ -331,6 +331,7 @@ func write(w io.Writer, p []byte) error {
 	return err
 }
 
+// syncDir fsyncs a directory, making the entries in it durable.
 func syncDir(fs vfs.FS, dir string) error {
 	d, err := fs.OpenDir(dir)
 	if err != nil {

@@ -245,13 +245,7 @@ func (e *Engine) runNow(fn func(*txn) error) error {
 // that the entries naming path and its ancestors are durable.
 func syncDirChain(fs vfs.FS, path string) error {
 	for dir := filepath.Dir(path); ; dir = filepath.Dir(dir) {
-		d, err := fs.OpenDir(dir)
-		if err != nil {
-			return err
-		}
-		err = d.Sync()
-		d.Close()
-		if err != nil {
+		if err := syncDir(fs, dir); err != nil {
 			return err
 		}
 		if parent := filepath.Dir(dir); parent == dir {
