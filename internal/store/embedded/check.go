@@ -22,7 +22,12 @@ import (
 //     and its bytes lie within its log segment;
 //   - each log index entry belongs to a blob that points into that segment;
 //   - each user's usage equals the sum over its mailboxes.
+//
+// The log cleaner waits for the check: a segment it deleted after the
+// snapshot would look missing to the blobs the snapshot still shows in it.
 func (e *Engine) Check(ctx context.Context) ([]string, error) {
+	e.blog.cleaning.Lock()
+	defer e.blog.cleaning.Unlock()
 	snap := e.db.NewSnapshot()
 	defer snap.Close()
 	var problems []string
