@@ -27,17 +27,18 @@ import (
 // sequence number, each at most about segmentBytes. A segment starts with a
 // header:
 //
-//	magic "QLG1" | prevEnd uint64 | crc32c(magic, prevEnd) uint32
+//	magic "QLG2" | prevEnd uint64 | crc32c(id, magic, prevEnd) uint32
 //
-// where prevEnd is the valid length of the segment before it, and then
-// holds records:
+// where id is the segment's number (uint32) and prevEnd is the valid length
+// of the segment before it, and then holds records:
 //
-//	payloadLen uint32 | crc32c(payload) uint32 | payload:
+//	payloadLen uint32 | crc32c(id, payload) uint32 | payload:
 //	    bodiesLen uint32 | bodies | batch repr
 //
 // All integers are little-endian. Each batch also sets the logPos key to
 // the position (segment, offset) of its own record, so Pebble's persisted
-// state names the last record it contains.
+// state names the last record it contains. Segments written before
+// segments were reused have the magic "QLG1" and checksums without the id.
 //
 // Recovery. At open every record after the persisted logPos is applied
 // again, in order. A record that is short or fails its CRC ends the last
@@ -45,6 +46,15 @@ import (
 // acknowledged only after their sync); writing resumes in a new segment
 // whose header records where the old one ended, so that a later recovery
 // can tell that end from corruption, which anywhere else is an error.
+//
+// Reuse. A deleted segment's file is kept (renamed NNN.free, at most
+// spareSegments of them) and becomes a later segment, overwritten in place:
+// an fdatasync of a write within the file's allocated, written length
+// flushes only data, where an append must also commit the file system's
+// journal (the new length and blocks), which doubled the sync's time here
+// (docs/adr/0009). Because the checksums cover the segment's id, what the
+// file held before, header or records, fails them and ends the segment as a
+// torn tail would.
 //
 // Space. A segment can be deleted once Pebble holds all of its records in
 // tables (a flush finished after the segment was sealed) and no blob
@@ -56,7 +66,8 @@ import (
 // reader.
 
 const (
-	segMagic     = "QLG1"
+	segMagic     = "QLG2"
+	segMagicV1   = "QLG1" // no id in the checksums
 	segHeaderLen = 16
 	recHeaderLen = 12
 	// maxRecord bounds a record's length at recovery: a larger length can
@@ -71,6 +82,10 @@ const (
 	// flush before the cleaner forces one: forcing one per segment would
 	// multiply Pebble's flushes.
 	cleanAfterSegments = 4
+	// spareSegments bounds the deleted segments kept for reuse: enough for
+	// the cleaner's bursts of deletions to cover the rotations until its
+	// next pass.
+	spareSegments = 4
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -83,8 +98,9 @@ type segment struct {
 	size    int64    // bytes written (valid length once sealed)
 	live    int64    // bytes of bodies that blob records point at
 	refs    int
-	sealed  bool // no more records will be written to it
-	flushed bool // sealed, and Pebble's tables hold all its records
+	sealed  bool   // no more records will be written to it
+	flushed bool   // sealed, and Pebble's tables hold all its records
+	seed    uint32 // checksum of the id that starts every checksum (0: "QLG1")
 }
 
 // bodyLog is the write-ahead log and body store. The writing half (cur, w,
@@ -95,8 +111,11 @@ type bodyLog struct {
 	dir      string
 	segBytes int64
 
-	mu      sync.Mutex
-	segs    map[uint32]*segment
+	mu   sync.Mutex
+	segs map[uint32]*segment
+	// spare holds deleted segments kept for reuse, renamed NNN.free; a
+	// file is reused only once its last reader has released it.
+	spare   []*segment
 	written int64 // bytes appended since open
 	removed int64 // segments deleted since open
 	moved   int64 // body bytes copied forward since open
@@ -107,12 +126,21 @@ type bodyLog struct {
 	buf    []byte // the record being built
 	failed error  // a write or sync failed: the log's tail is unknown
 	// wake tells the cleaner that a segment was sealed; cleaning
-	// serializes its passes.
+	// serializes its passes, and Check with them.
 	wake     chan struct{}
 	cleaning sync.Mutex
 }
 
-func segName(id uint32) string { return fmt.Sprintf("%010d.log", id) }
+func segName(id uint32) string   { return fmt.Sprintf("%010d.log", id) }
+func spareName(id uint32) string { return fmt.Sprintf("%010d.free", id) }
+
+// logSeed is the checksum of a segment's id, from which the checksums of
+// its header and records continue.
+func logSeed(id uint32) uint32 {
+	var b [4]byte
+	binary.LittleEndian.PutUint32(b[:], id)
+	return crc32.Checksum(b[:], crcTable)
+}
 
 // openLog lists the segments in dir without reading them.
 func openLog(fs vfs.FS, dir string, segBytes int64) (*bodyLog, error) {
@@ -126,11 +154,23 @@ func openLog(fs vfs.FS, dir string, segBytes int64) (*bodyLog, error) {
 	l := &bodyLog{fs: fs, dir: dir, segBytes: segBytes, segs: map[uint32]*segment{}, wake: make(chan struct{}, 1)}
 	for _, name := range names {
 		num, ok := strings.CutSuffix(name, ".log")
+		spare := false
 		if !ok {
-			continue
+			if num, spare = strings.CutSuffix(name, ".free"); !spare {
+				continue
+			}
 		}
 		id, err := strconv.ParseUint(num, 10, 32)
 		if err != nil || id == 0 {
+			continue
+		}
+		if spare {
+			if len(l.spare) < spareSegments {
+				l.spare = append(l.spare, &segment{id: uint32(id)})
+			} else if err := fs.Remove(fs.PathJoin(dir, name)); err != nil {
+				l.close()
+				return nil, err
+			}
 			continue
 		}
 		f, err := fs.Open(fs.PathJoin(dir, name))
@@ -169,11 +209,18 @@ func (l *bodyLog) replay(db *pebble.DB, from logPos) error {
 	end := int64(0) // valid length of the last segment
 	for i, id := range ids {
 		s := l.segs[id]
+		last := i == len(ids)-1
 		if id < from.seg {
+			// Already applied. A reused file may be longer than the
+			// segment; its successor's header says how long it is.
 			s.flushed = true
+			if !last && ids[i+1] == id+1 {
+				if prev, ok := l.prevEnd(l.segs[id+1]); ok {
+					s.size = prev
+				}
+			}
 			continue
 		}
-		last := i == len(ids)-1
 		limit, lenient := s.size, last
 		if !last {
 			if ids[i+1] != id+1 {
@@ -210,15 +257,29 @@ func (l *bodyLog) replay(db *pebble.DB, from logPos) error {
 // prevEnd reads the valid length of the segment before s from s's header;
 // false if the header is torn.
 func (l *bodyLog) prevEnd(s *segment) (int64, bool) {
-	var h [segHeaderLen]byte
-	if n, _ := s.f.ReadAt(h[:], 0); n < segHeaderLen || !validSegHeader(h[:]) {
-		return 0, false
-	}
-	return int64(binary.LittleEndian.Uint64(h[4:12])), true
+	prev, _, ok := readSegHeader(s)
+	return prev, ok
 }
 
-func validSegHeader(h []byte) bool {
-	return string(h[:4]) == segMagic && crc32.Checksum(h[:12], crcTable) == binary.LittleEndian.Uint32(h[12:16])
+// readSegHeader reads and checks s's header, returning the previous
+// segment's valid length and the seed of s's checksums; false if the header
+// is torn or is what the file held before it was reused.
+func readSegHeader(s *segment) (prevEnd int64, seed uint32, ok bool) {
+	var h [segHeaderLen]byte
+	if n, _ := s.f.ReadAt(h[:], 0); n < segHeaderLen {
+		return 0, 0, false
+	}
+	switch string(h[:4]) {
+	case segMagic:
+		seed = logSeed(s.id)
+	case segMagicV1:
+	default:
+		return 0, 0, false
+	}
+	if crc32.Update(seed, crcTable, h[:12]) != binary.LittleEndian.Uint32(h[12:16]) {
+		return 0, 0, false
+	}
+	return int64(binary.LittleEndian.Uint64(h[4:12])), seed, true
 }
 
 // replaySegment applies the records of s up to limit that come after from,
@@ -235,10 +296,11 @@ func (l *bodyLog) replaySegment(db *pebble.DB, s *segment, limit int64, lenient 
 	if limit <= segHeaderLen && !lenient {
 		return limit, nil // its successor began before any record was written
 	}
-	var h [segHeaderLen]byte
-	if n, _ := s.f.ReadAt(h[:], 0); n < segHeaderLen || !validSegHeader(h[:]) {
+	_, seed, ok := readSegHeader(s)
+	if !ok {
 		return corrupt(0, "bad header")
 	}
+	s.seed = seed
 	var payload []byte
 	pos := int64(segHeaderLen)
 	for pos < limit {
@@ -259,7 +321,7 @@ func (l *bodyLog) replaySegment(db *pebble.DB, s *segment, limit int64, lenient 
 			if got, _ := s.f.ReadAt(payload, pos+8); int64(got) < n {
 				return corrupt(pos, "short record")
 			}
-			if crc32.Checksum(payload, crcTable) != binary.LittleEndian.Uint32(rh[4:]) {
+			if crc32.Update(seed, crcTable, payload) != binary.LittleEndian.Uint32(rh[4:]) {
 				return corrupt(pos, "checksum mismatch")
 			}
 			bodies := int64(binary.LittleEndian.Uint32(payload[:4]))
@@ -283,18 +345,22 @@ func (l *bodyLog) replaySegment(db *pebble.DB, s *segment, limit int64, lenient 
 }
 
 // rotate seals the current segment and starts segment id, whose header
-// records prevEnd. The new file and its directory entry are synced before
-// any record is written to it.
+// records prevEnd, in a spare file if one is free. The new file and its
+// directory entry are synced before any record is written to it.
 func (l *bodyLog) rotate(id uint32, prevEnd int64) error {
 	name := l.fs.PathJoin(l.dir, segName(id))
-	w, err := l.fs.Create(name, vfs.WriteCategoryUnspecified)
+	w, err := l.reuse(name)
+	if w == nil && err == nil {
+		w, err = l.fs.Create(name, vfs.WriteCategoryUnspecified)
+	}
 	if err != nil {
 		return err
 	}
+	seed := logSeed(id)
 	var h [segHeaderLen]byte
 	copy(h[:4], segMagic)
 	binary.LittleEndian.PutUint64(h[4:12], uint64(prevEnd))
-	binary.LittleEndian.PutUint32(h[12:16], crc32.Checksum(h[:12], crcTable))
+	binary.LittleEndian.PutUint32(h[12:16], crc32.Update(seed, crcTable, h[:12]))
 	err = errors.Join(write(w, h[:]), w.Sync())
 	if err == nil {
 		err = syncDir(l.fs, l.dir)
@@ -310,7 +376,7 @@ func (l *bodyLog) rotate(id uint32, prevEnd int64) error {
 	if l.w != nil {
 		l.w.Close()
 	}
-	s := &segment{id: id, f: r, size: segHeaderLen, refs: 1}
+	s := &segment{id: id, f: r, size: segHeaderLen, refs: 1, seed: seed}
 	l.mu.Lock()
 	if l.cur != nil {
 		l.cur.sealed = true
@@ -324,6 +390,26 @@ func (l *bodyLog) rotate(id uint32, prevEnd int64) error {
 	default:
 	}
 	return nil
+}
+
+// reuse renames a spare file that no reader holds any longer to name and
+// opens it for writing from its start; nil if there is none.
+func (l *bodyLog) reuse(name string) (vfs.File, error) {
+	l.mu.Lock()
+	i := slices.IndexFunc(l.spare, func(s *segment) bool { return s.refs == 0 })
+	var s *segment
+	if i >= 0 {
+		s = l.spare[i]
+		l.spare = slices.Delete(l.spare, i, i+1)
+	}
+	l.mu.Unlock()
+	if s == nil {
+		return nil, nil
+	}
+	if err := l.fs.Rename(l.fs.PathJoin(l.dir, spareName(s.id)), name); err != nil {
+		return nil, err
+	}
+	return l.fs.OpenReadWrite(name, vfs.WriteCategoryUnspecified)
 }
 
 func write(w io.Writer, p []byte) error {
@@ -381,7 +467,7 @@ func (l *bodyLog) commit(repr []byte) error {
 	l.buf = append(l.buf, repr...)
 	binary.LittleEndian.PutUint32(l.buf[0:4], uint32(len(l.buf)-8))
 	binary.LittleEndian.PutUint32(l.buf[8:12], uint32(bodies))
-	binary.LittleEndian.PutUint32(l.buf[4:8], crc32.Checksum(l.buf[8:], crcTable))
+	binary.LittleEndian.PutUint32(l.buf[4:8], crc32.Update(l.cur.seed, crcTable, l.buf[8:]))
 	if err := errors.Join(write(l.w, l.buf), l.w.SyncData()); err != nil {
 		l.failed = fmt.Errorf("embedded: writing log segment %s: %w", segName(l.cur.id), err)
 		return l.failed
@@ -437,8 +523,9 @@ func (l *bodyLog) release(s *segment) {
 	}
 }
 
-// remove unlists a segment and deletes its file; readers still holding it
-// keep reading the open file.
+// remove unlists a segment and deletes its file, or keeps the file as a
+// spare for reuse; readers still holding it keep reading the open file,
+// which is not reused before they release it.
 func (l *bodyLog) remove(s *segment) error {
 	l.mu.Lock()
 	if l.segs[s.id] != s {
@@ -447,8 +534,21 @@ func (l *bodyLog) remove(s *segment) error {
 	}
 	delete(l.segs, s.id)
 	l.removed++
+	// A "QLG1" segment (seed 0, or not read at open) is never reused: what
+	// it held would pass checksums that do not cover the id.
+	keep := len(l.spare) < spareSegments && s.seed != 0
 	l.mu.Unlock()
-	err := l.fs.Remove(l.fs.PathJoin(l.dir, segName(s.id)))
+	name := l.fs.PathJoin(l.dir, segName(s.id))
+	var err error
+	if keep {
+		if err = l.fs.Rename(name, l.fs.PathJoin(l.dir, spareName(s.id))); err == nil {
+			l.mu.Lock()
+			l.spare = append(l.spare, s)
+			l.mu.Unlock()
+		}
+	} else {
+		err = l.fs.Remove(name)
+	}
 	l.release(s)
 	return err
 }

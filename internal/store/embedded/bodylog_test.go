@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -36,6 +37,24 @@ func deliverN(t *testing.T, e *Engine, user string, n, size int) (store.ID, map[
 		bodies[msgs[0].UID] = body
 	}
 	return m.ID, bodies
+}
+
+// expungeUnless expunges the messages whose UID keep rejects and drops them
+// from bodies.
+func expungeUnless(t *testing.T, e *Engine, box store.ID, bodies map[uint32]string, keep func(uid uint32) bool) {
+	t.Helper()
+	var gone []uint32
+	for uid := range bodies {
+		if !keep(uid) {
+			gone = append(gone, uid)
+		}
+	}
+	if _, _, err := e.Expunge(context.Background(), box, gone); err != nil {
+		t.Fatal(err)
+	}
+	for _, uid := range gone {
+		delete(bodies, uid)
+	}
 }
 
 // verifyBodies checks that the mailbox holds exactly the given bodies, and
@@ -80,19 +99,8 @@ func TestLogCleaning(t *testing.T) {
 	}
 	box, bodies := deliverN(t, e, "u@example.test", 300, 4000)
 	before := e.blog.stats()
-	var gone []uint32
-	for uid := range bodies {
-		if uid%4 != 0 {
-			gone = append(gone, uid)
-		}
-	}
-	if _, _, err := e.Expunge(ctx, box, gone); err != nil {
-		t.Fatal(err)
-	}
+	expungeUnless(t, e, box, bodies, func(uid uint32) bool { return uid%4 == 0 })
 	var keptBytes int64
-	for _, uid := range gone {
-		delete(bodies, uid)
-	}
 	for _, b := range bodies {
 		keptBytes += int64(len(b))
 	}
@@ -145,6 +153,125 @@ func TestLogCleaning(t *testing.T) {
 	if st := e.blog.stats(); st.live != keptBytes {
 		t.Errorf("after reopening, live bytes %d, want %d", st.live, keptBytes)
 	}
+}
+
+// TestLogReuse: the files of deleted segments become later segments; what
+// they held before, records or header, is never taken for the new
+// segment's, whether the store closed or lost power; and a spare renamed
+// to a segment whose header was never written is a torn header.
+func TestLogReuse(t *testing.T) {
+	ctx := context.Background()
+	fs := vfs.NewCrashableMem()
+	opts := Options{FS: fs, LogSegmentBytes: 64 << 10}
+	e, err := Open("/quill", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	box, bodies := deliverN(t, e, "u@example.test", 300, 4000)
+	expungeUnless(t, e, box, bodies, func(uid uint32) bool { return uid%4 == 0 })
+	if err := e.cleanLog(true); err != nil {
+		t.Fatal(err)
+	}
+	spares := spareFiles(t, fs)
+	if len(spares) != spareSegments {
+		t.Fatalf("spare files %v after deleting %d segments, want %d", spares, e.blog.stats().removed, spareSegments)
+	}
+	appendOne := func(i int) {
+		body := fmt.Sprintf("after the cleaning %d\r\n%s\r\n", i, strings.Repeat("z", 4000))
+		msgs, err := e.Append(ctx, box, []store.NewMessage{{Body: []byte(body), Size: int64(len(body))}}, store.AppendOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		bodies[msgs[0].UID] = body
+	}
+	spareCount := func() int {
+		e.blog.mu.Lock()
+		defer e.blog.mu.Unlock()
+		return len(e.blog.spare)
+	}
+	// Mail until the log moves into a spare, and a little more.
+	i := 0
+	for ; spareCount() == spareSegments; i++ {
+		if i > 100 {
+			t.Fatal("the log never moved into a spare file")
+		}
+		appendOne(i)
+	}
+	for range 3 {
+		appendOne(i)
+		i++
+	}
+	// The current segment is a reused file longer than what was written
+	// to it, so a recovery reads the old records after the new ones.
+	st, err := e.blog.w.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size() <= e.blog.off {
+		t.Fatalf("current segment: file of %d bytes, %d written; want a reused, longer file", st.Size(), e.blog.off)
+	}
+	crashed := fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 0})
+	crashedBodies := maps.Clone(bodies)
+	// Then enough to use every spare.
+	for range 16 * spareSegments {
+		appendOne(i)
+		i++
+	}
+	for _, name := range spareFiles(t, fs) {
+		if slices.Contains(spares, name) {
+			t.Fatalf("spare %s was not reused (spares before: %v)", name, spares)
+		}
+	}
+	verifyBodies(t, e, box, bodies)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e, err = Open("/quill", Options{FS: crashed, LogSegmentBytes: opts.LogSegmentBytes})
+	if err != nil {
+		t.Fatalf("recovering from a power loss in a reused segment: %v", err)
+	}
+	verifyBodies(t, e, box, crashedBodies)
+	e.Close()
+	e, err = Open("/quill", opts)
+	if err != nil {
+		t.Fatalf("reopening: %v", err)
+	}
+	verifyBodies(t, e, box, bodies)
+
+	// A crash between a spare's rename and its header's sync leaves the
+	// next segment with the file's old header.
+	expungeUnless(t, e, box, bodies, func(uid uint32) bool { return uid%2 == 0 })
+	if err := e.cleanLog(true); err != nil {
+		t.Fatal(err)
+	}
+	e.Close()
+	spares = spareFiles(t, fs)
+	segs := logSegments(t, fs)
+	if len(spares) == 0 {
+		t.Fatal("no spare file left to rename")
+	}
+	var last uint32
+	fmt.Sscanf(segs[len(segs)-1], "%d.log", &last)
+	if err := fs.Rename("/quill/log/"+spares[0], "/quill/log/"+segName(last+1)); err != nil {
+		t.Fatal(err)
+	}
+	e, err = Open("/quill", opts)
+	if err != nil {
+		t.Fatalf("opening with a spare renamed but not rewritten: %v", err)
+	}
+	defer e.Close()
+	verifyBodies(t, e, box, bodies)
+}
+
+func spareFiles(t *testing.T, fs vfs.FS) []string {
+	t.Helper()
+	var spares []string
+	for _, name := range logSegments(t, fs) {
+		if strings.HasSuffix(name, ".free") {
+			spares = append(spares, name)
+		}
+	}
+	return spares
 }
 
 // crashedLog delivers into a crashable filesystem without closing the
