@@ -2,8 +2,10 @@ package embedded
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"maps"
 	"slices"
@@ -411,5 +413,63 @@ func TestUpgradeFromChunkStore(t *testing.T) {
 	if v, err := e.get(e.db, []byte{tVersion}); err != nil || v[0] != schemaLevel {
 		t.Fatalf("schema level %v, %v; want %d", v, err, schemaLevel)
 	}
+	verifyBodies(t, e, box, bodies)
+}
+
+// TestLogReadsV1Segments: segments written before the checksums covered
+// the segment number ("QLG1") still recover, and the log goes on after them
+// in the current format.
+func TestLogReadsV1Segments(t *testing.T) {
+	fs, box, bodies := crashedLog(t, 60)
+	for _, name := range logSegments(t, fs) {
+		var id uint32
+		fmt.Sscanf(name, "%d.log", &id)
+		f, err := fs.OpenReadWrite("/quill/log/"+name, vfs.WriteCategoryUnspecified)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, _ := f.Stat()
+		b := make([]byte, st.Size())
+		if _, err := f.ReadAt(b, 0); err != nil {
+			t.Fatal(err)
+		}
+		seed := logSeed(id)
+		if string(b[:4]) != segMagic || crc32.Update(seed, crcTable, b[:12]) != binary.LittleEndian.Uint32(b[12:16]) {
+			t.Fatalf("%s: not a current segment header", name)
+		}
+		copy(b, segMagicV1)
+		binary.LittleEndian.PutUint32(b[12:16], crc32.Checksum(b[:12], crcTable))
+		for pos := segHeaderLen; pos+8 <= len(b); {
+			n := int(binary.LittleEndian.Uint32(b[pos:]))
+			if n < 4 || pos+8+n > len(b) || crc32.Update(seed, crcTable, b[pos+8:pos+8+n]) != binary.LittleEndian.Uint32(b[pos+4:]) {
+				break
+			}
+			binary.LittleEndian.PutUint32(b[pos+4:], crc32.Checksum(b[pos+8:pos+8+n], crcTable))
+			pos += 8 + n
+		}
+		if _, err := f.WriteAt(b, 0); err != nil {
+			t.Fatal(err)
+		}
+		f.Sync()
+		f.Close()
+	}
+	e, err := Open("/quill", Options{FS: fs})
+	if err != nil {
+		t.Fatalf("recovering from QLG1 segments: %v", err)
+	}
+	verifyBodies(t, e, box, bodies)
+	body := "after the QLG1 segments\r\n"
+	msgs, err := e.Append(context.Background(), box, []store.NewMessage{{Body: []byte(body), Size: int64(len(body))}}, store.AppendOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bodies[msgs[0].UID] = body
+	crashed := fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 0})
+	e.Close()
+	e, err = Open("/quill", Options{FS: crashed})
+	if err != nil {
+		t.Fatalf("recovering from QLG1 and QLG2 segments: %v", err)
+	}
+	defer e.Close()
 	verifyBodies(t, e, box, bodies)
 }
