@@ -211,9 +211,11 @@ func (l *bodyLog) replay(db *pebble.DB, from logPos) error {
 		s := l.segs[id]
 		last := i == len(ids)-1
 		if id < from.seg {
-			// Already applied. A reused file may be longer than the
-			// segment; its successor's header says how long it is.
+			// Already applied. Its header says whether it may be reused;
+			// a reused file may be longer than the segment, whose length
+			// its successor's header gives.
 			s.flushed = true
+			_, s.seed, _ = readSegHeader(s)
 			if !last && ids[i+1] == id+1 {
 				if prev, ok := l.prevEnd(l.segs[id+1]); ok {
 					s.size = prev
@@ -534,8 +536,8 @@ func (l *bodyLog) remove(s *segment) error {
 	}
 	delete(l.segs, s.id)
 	l.removed++
-	// A "QLG1" segment (seed 0, or not read at open) is never reused: what
-	// it held would pass checksums that do not cover the id.
+	// A "QLG1" segment (seed 0) is never reused: what it held would pass
+	// checksums that do not cover the id.
 	keep := len(l.spare) < spareSegments && s.seed != 0
 	l.mu.Unlock()
 	name := l.fs.PathJoin(l.dir, segName(s.id))
