@@ -6,8 +6,9 @@
 // the cheapest durable SMTP server on this machine, and with quill-sink
 // --durable --pop3-addr as the mail floor: that log plus an index in
 // memory, served over Quill's POP3 front end, the cheapest server that does
-// all the mix asks at the same durability. One invocation, as root on
-// Debian:
+// all the mix asks at the same durability; with --no-sync as well it is the
+// volatile floor, the mail floor without its fdatasyncs: the mix with
+// durability left out. One invocation, as root on Debian:
 //
 //	go run ./bench/compare [--users 10000 --clients 16 --duration 20s --rounds 2] [--retrieval imap]
 //
@@ -15,7 +16,8 @@
 // dovecot-pop3d, dovecot-lmtpd, dovecot-imapd), builds quill and
 // quill-sink from the tree, provisions the same users with the same
 // argon2id password hash on both servers, runs the same mix against each in
-// turn (Quill, peer, sink, durable sink, mail floor, Quill, peer, ...), and
+// turn (Quill, peer, sink, durable sink, mail floor, volatile floor, Quill,
+// peer, ...), and
 // prints each figure's median with the Quill/peer ratio and the rates as
 // shares of one another (report.go). With --saturate each run is instead a
 // saturation search (loadgen.Saturate: open loop at rising rates until the
@@ -102,7 +104,7 @@ func main() {
 	flag.StringVar(&o.out, "out", "", "write every run's summary as JSON to this file")
 	flag.BoolVar(&o.skipInstall, "skip-install", false, "do not apt-get install missing packages")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (logs, data)")
-	flag.StringVar(&o.only, "only", "", "run and start only these `targets`, comma-separated: quill, peer, sink, durable-sink, mail-floor")
+	flag.StringVar(&o.only, "only", "", "run and start only these `targets`, comma-separated: quill, peer, sink, durable-sink, mail-floor, volatile-floor")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of quill's first run to this file (taken through its admin endpoint)")
 	flag.StringVar(&o.kdf, "kdf", "default", "argon2id cost of the users' password hash, the same on both servers: "+
 		"default (Quill's production parameters) or light (64 KiB, 1 pass: isolates the mail path from login cost)")
@@ -165,10 +167,10 @@ func run(ctx context.Context, o options) (err error) {
 	if o.saturate && (o.rate != 0 || o.cpuprofile != "") {
 		return errors.New("--saturate chooses the rates itself and profiles nothing: drop --rate and --cpuprofile")
 	}
-	// wanted reports whether target name runs. The mail floor serves POP3
-	// only, so an IMAP mix leaves it out.
+	// wanted reports whether target name runs. The mail floors serve POP3
+	// only, so an IMAP mix leaves them out.
 	wanted := func(name string) bool {
-		if name == "mail-floor" && o.retrieval != loadgen.RetrievalPOP3 {
+		if (name == "mail-floor" || name == "volatile-floor") && o.retrieval != loadgen.RetrievalPOP3 {
 			return false
 		}
 		return o.only == "" || slices.Contains(strings.Split(o.only, ","), name)
@@ -318,6 +320,8 @@ func run(ctx context.Context, o options) (err error) {
 		{"durable-sink", []string{"--durable", filepath.Join(root, "durable-sink-data")}, true},
 		// The mail floor runs the whole mix.
 		{"mail-floor", []string{"--durable", filepath.Join(root, "mail-floor-data"), "--pop3-addr", "127.0.0.1:0", "--password", password}, false},
+		// So does the volatile floor, never syncing.
+		{"volatile-floor", []string{"--durable", filepath.Join(root, "volatile-floor-data"), "--no-sync", "--pop3-addr", "127.0.0.1:0", "--password", password}, false},
 	}
 	for _, sk := range sinks {
 		if !wanted(sk.name) {
@@ -334,7 +338,7 @@ func run(ctx context.Context, o options) (err error) {
 	}
 
 	if len(targets) == 0 {
-		return errors.New("--only: nothing to run (the mail floor serves POP3 only)")
+		return errors.New("--only: nothing to run (the mail floors serve POP3 only)")
 	}
 
 	results := map[string][]loadgen.MixSummary{}

@@ -80,6 +80,7 @@ var columns = []column{
 	{"sink", "sink"},
 	{"durable-sink", "durable-sink"},
 	{"mail-floor", "mail-floor"},
+	{"volatile-floor", "volatile-floor"},
 }
 
 // shares are the ratios printed below the table: the median of figure num
@@ -94,6 +95,8 @@ var shares = []struct {
 	{"quill delivered / durable-sink accepted", "quill", "durable-sink", "delivered msg/s", "accepted msg/s"},
 	{"mail-floor delivered / sink accepted", "mail-floor", "sink", "delivered msg/s", "accepted msg/s"},
 	{"quill delivered / mail-floor delivered", "quill", "mail-floor", "delivered msg/s", "delivered msg/s"},
+	{"volatile-floor delivered / sink accepted", "volatile-floor", "sink", "delivered msg/s", "accepted msg/s"},
+	{"mail-floor delivered / volatile-floor delivered", "mail-floor", "volatile-floor", "delivered msg/s", "delivered msg/s"},
 }
 
 // figureNamed returns the figure called name; the names are this file's

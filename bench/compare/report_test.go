@@ -21,11 +21,12 @@ func TestSharesUseTheirFigures(t *testing.T) {
 	}
 	for _, mode := range []string{"closed", "open"} {
 		results := map[string][]loadgen.MixSummary{
-			"quill":        {run(mode, 9000, 6000, 5000)},
-			"peer":         {run(mode, 400, 300, 250)},
-			"sink":         {run(mode, 30000, 20000, 0)},
-			"durable-sink": {run(mode, 30000, 16000, 0)},
-			"mail-floor":   {run(mode, 15000, 12000, 10000)},
+			"quill":          {run(mode, 9000, 6000, 5000)},
+			"peer":           {run(mode, 400, 300, 250)},
+			"sink":           {run(mode, 30000, 20000, 0)},
+			"durable-sink":   {run(mode, 30000, 16000, 0)},
+			"mail-floor":     {run(mode, 15000, 12000, 10000)},
+			"volatile-floor": {run(mode, 16000, 12800, 12500)},
 		}
 		var out bytes.Buffer
 		if err := printComparison(&out, results); err != nil {
@@ -37,6 +38,8 @@ func TestSharesUseTheirFigures(t *testing.T) {
 			"quill delivered / durable-sink accepted: 31.2%",
 			"mail-floor delivered / sink accepted: 50.0%",
 			"quill delivered / mail-floor delivered: 50.0%",
+			"volatile-floor delivered / sink accepted: 62.5%",
+			"mail-floor delivered / volatile-floor delivered: 80.0%",
 		} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("%s loop: no %q in\n%s", mode, want, out.String())

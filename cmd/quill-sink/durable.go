@@ -44,8 +44,8 @@ import (
 //   - Records are written one at a time under durableLog.mu, so the file is
 //     the records in write order and mu.appended is its length.
 //   - mu.synced <= mu.appended, and every octet below mu.synced is covered
-//     by a completed fdatasync. A write returns nil only once mu.synced
-//     has reached the end of its record.
+//     by a completed fdatasync (with noSync: written). A write returns nil
+//     only once mu.synced has reached the end of its record.
 //   - After a failed write or fdatasync, mu.err is set and never cleared:
 //     a partial write leaves a torn record that later records would follow,
 //     and after a failed fdatasync Linux may have dropped the dirty pages
@@ -99,10 +99,14 @@ var errLogClosed = errors.New("sink: durable log closed")
 // durableLog appends records to one file and makes each durable before
 // Append or Expunge returns. It is safe for concurrent use.
 type durableLog struct {
-	f    *os.File  // opened for reading and appending
-	bufs sync.Pool // *bytes.Buffer
-	cond sync.Cond // on &mu: signalled when a sync completes or the log closes
-	mu   struct {
+	f *os.File // opened for reading and appending
+	// noSync makes a write return once its record is written, in the page
+	// cache, never syncing: the records then survive a crash of the
+	// process but not of the host. Set before the first write.
+	noSync bool
+	bufs   sync.Pool // *bytes.Buffer
+	cond   sync.Cond // on &mu: signalled when a sync completes or the log closes
+	mu     struct {
 		sync.Mutex
 		appended int64 // file length: end of the last record written
 		synced   int64 // end of what the last completed fdatasync covers
@@ -333,6 +337,10 @@ func (l *durableLog) write(ctx context.Context, buf *bytes.Buffer) (int64, error
 		return 0, l.mu.err
 	}
 	l.mu.appended += int64(len(rec))
+	if l.noSync {
+		l.mu.synced = l.mu.appended
+		return off, nil
+	}
 	target := l.mu.appended
 	for l.mu.synced < target {
 		if l.mu.err != nil {

@@ -27,10 +27,18 @@ func openTestLog(t *testing.T, dir string) *durableLog {
 }
 
 // TestDurableLogConcurrentAppends appends from many goroutines at once (the
-// group commit path, under -race) and reads every record back.
+// group commit path, under -race; with noSync, the path without it) and
+// reads every record back.
 func TestDurableLogConcurrentAppends(t *testing.T) {
+	for _, noSync := range []bool{false, true} {
+		t.Run(fmt.Sprintf("noSync=%v", noSync), func(t *testing.T) { testConcurrentAppends(t, noSync) })
+	}
+}
+
+func testConcurrentAppends(t *testing.T, noSync bool) {
 	dir := t.TempDir()
 	l := openTestLog(t, dir)
+	l.noSync = noSync
 	const writers, each = 16, 20
 	var wg sync.WaitGroup
 	errs := make([]error, writers)

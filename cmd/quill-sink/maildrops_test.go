@@ -15,11 +15,11 @@ import (
 
 const floorPassword = "floor-password"
 
-// startFloor runs the mail floor on dir and returns its SMTP and POP3
-// addresses and its stop function.
-func startFloor(t *testing.T, dir string) (smtpAddr, pop3Addr string, stop func()) {
+// startFloor runs the mail floor on dir, with the extra args, and returns
+// its SMTP and POP3 addresses and its stop function.
+func startFloor(t *testing.T, dir string, extra ...string) (smtpAddr, pop3Addr string, stop func()) {
 	t.Helper()
-	addrs, stop := startSink(t, "--durable", dir, "--pop3-addr", "127.0.0.1:0", "--password", floorPassword)
+	addrs, stop := startSink(t, append([]string{"--durable", dir, "--pop3-addr", "127.0.0.1:0", "--password", floorPassword}, extra...)...)
 	if addrs["pop3"] == "" {
 		t.Fatalf("no pop3 listener in %v", addrs)
 	}
@@ -134,12 +134,18 @@ func ignore(int, []byte) error { return nil }
 
 func equal(a, b []string) bool { return strings.Join(a, "\x00") == strings.Join(b, "\x00") }
 
-// TestMailFloorServesTheMix runs the benchmark's mix against the floor: all
-// acknowledged mail is retrieved, and the log it leaves is well formed,
-// with every expunge naming messages delivered to its user.
+// TestMailFloorServesTheMix runs the benchmark's mix against the floor and
+// the volatile floor: all acknowledged mail is retrieved, and the log each
+// leaves is well formed, with every expunge naming messages delivered to
+// its user.
 func TestMailFloorServesTheMix(t *testing.T) {
+	t.Run("durable", func(t *testing.T) { testFloorServesTheMix(t) })
+	t.Run("volatile", func(t *testing.T) { testFloorServesTheMix(t, "--no-sync") })
+}
+
+func testFloorServesTheMix(t *testing.T, extra ...string) {
 	dir := filepath.Join(t.TempDir(), "floor")
-	smtpAddr, pop3Addr, stop := startFloor(t, dir)
+	smtpAddr, pop3Addr, stop := startFloor(t, dir, extra...)
 	users := loadgen.UserNames("example.test", 6)
 	z, err := loadgen.NewZipf(users, 1)
 	if err != nil {

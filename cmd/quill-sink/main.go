@@ -24,12 +24,19 @@
 // mix asks of a mail server, at Quill's durability, and nothing else: the
 // gap between Quill and it is the cost of Quill's store and its features.
 //
+// With --no-sync as well it is the volatile floor: the mail floor that
+// never calls fdatasync. It is the mix with durability left out, the same
+// work on the same front ends: the gap from it to the mail floor is what
+// durability costs the mix.
+//
 // What a 250 means: without --durable, only that the message was read to
-// its end. With --durable, that the whole message (trace fields included)
-// and its recipients are in DIR/sink.log with a valid CRC-32C and covered
-// by a completed fdatasync, so it survives a crash or power loss of this
-// host (as far as the disk honours flushes); a failed write or sync
-// answers 451 (POP3: -ERR) and stops every later acknowledgement. None of
+// its end. With --durable --no-sync, that it is written to DIR/sink.log:
+// it survives a crash of the process, not of the host. With --durable
+// alone, that the whole message (trace fields included) and its
+// recipients are in DIR/sink.log with a valid CRC-32C and covered by a
+// completed fdatasync, so it survives a crash or power loss of this host
+// (as far as the disk honours flushes). A failed write or sync answers 451
+// (POP3: -ERR) and stops every later acknowledgement. None of
 // the modes is a mail server to run: there are no accounts, no IMAP, no
 // quotas, and the log never shrinks; do not point real mail at it.
 package main
@@ -93,11 +100,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	durable := fs.String("durable", "", "append every message to `dir`/"+logName+" and fdatasync it before the reply (the durability floor)")
 	pop3Addr := fs.String("pop3-addr", "", "with --durable, serve the mail over POP3 on `host:port` (the mail floor)")
 	password := fs.String("password", "", "with --pop3-addr, the `password` of every user")
+	noSync := fs.Bool("no-sync", false, "with --durable, never fdatasync: acknowledge what is written to the page cache (with --pop3-addr, the volatile floor)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *noSync && *durable == "" {
+		return errors.New("--no-sync needs --durable")
 	}
 	if len(domains) == 0 {
 		domains = listFlag{"localhost"}
@@ -149,6 +160,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 				err = cerr
 			}
 		}()
+		l.noSync = *noSync
 		backend.log = l
 		if backend.drops != nil {
 			backend.drops.log = l

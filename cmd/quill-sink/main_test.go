@@ -216,3 +216,18 @@ func readLog(t *testing.T, path string) []logRecord {
 	}
 	return recs
 }
+
+// TestFlagsThatNeedDurable: the modes built on the log refuse to start
+// without one, rather than run as the plain sink.
+func TestFlagsThatNeedDurable(t *testing.T) {
+	for _, args := range [][]string{
+		{"--no-sync"},
+		{"--pop3-addr", "127.0.0.1:0", "--password", "pw"},
+		{"--pop3-addr", "127.0.0.1:0", "--durable", t.TempDir()},
+	} {
+		err := run(t.Context(), append([]string{"--addr", "127.0.0.1:0"}, args...), io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "needs --") {
+			t.Errorf("%q: %v, want a refusal", args, err)
+		}
+	}
+}
