@@ -238,7 +238,8 @@ func (l *bodyLog) replay(db *pebble.DB, from logPos) error {
 				limit = prev
 			} else {
 				// The next segment's header is torn, so it never held a
-				// record and this one was the last.
+				// record (its own replay refuses it if it did) and this
+				// one was the last.
 				lenient = true
 			}
 		}
@@ -300,6 +301,13 @@ func (l *bodyLog) replaySegment(db *pebble.DB, s *segment, limit int64, lenient 
 	}
 	_, seed, ok := readSegHeader(s)
 	if !ok {
+		// rotate syncs a header before the segment's first record is
+		// written, so a crash can tear the header only of a segment that
+		// never held a record. One whose first record checks out was
+		// damaged since: corruption, even in the last segment.
+		if firstRecordValid(s) {
+			return 0, fmt.Errorf("embedded: log segment %s: bad header before valid records: %w", segName(s.id), errCorrupt)
+		}
 		return corrupt(0, "bad header")
 	}
 	s.seed = seed
@@ -344,6 +352,27 @@ func (l *bodyLog) replaySegment(db *pebble.DB, s *segment, limit int64, lenient 
 		pos += 8 + n
 	}
 	return pos, nil
+}
+
+// firstRecordValid reports whether s holds a whole record with a valid
+// checksum right after its header, under either format's seed. A reused
+// file's old records fail both: their checksums cover another segment's id,
+// and only segments of the current format are reused.
+func firstRecordValid(s *segment) bool {
+	var rh [8]byte
+	if n, _ := s.f.ReadAt(rh[:], segHeaderLen); n < len(rh) {
+		return false
+	}
+	n := int64(binary.LittleEndian.Uint32(rh[:4]))
+	if n < 4 || n > maxRecord || segHeaderLen+8+n > s.size {
+		return false
+	}
+	payload := make([]byte, n)
+	if got, _ := s.f.ReadAt(payload, segHeaderLen+8); int64(got) < n {
+		return false
+	}
+	sum := binary.LittleEndian.Uint32(rh[4:])
+	return crc32.Update(logSeed(s.id), crcTable, payload) == sum || crc32.Update(0, crcTable, payload) == sum
 }
 
 // rotate seals the current segment and starts segment id, whose header

@@ -241,7 +241,8 @@ func TestLogReuse(t *testing.T) {
 	verifyBodies(t, e, box, bodies)
 
 	// A crash between a spare's rename and its header's sync leaves the
-	// next segment with the file's old header.
+	// next segment with the file's old header; a second crash, in the
+	// rotation of the recovery that followed, leaves another after it.
 	expungeUnless(t, e, box, bodies, func(uid uint32) bool { return uid%2 == 0 })
 	if err := e.cleanLog(true); err != nil {
 		t.Fatal(err)
@@ -256,12 +257,14 @@ func TestLogReuse(t *testing.T) {
 	}
 	var last uint32
 	fmt.Sscanf(segs[len(segs)-1], "%d.log", &last)
-	if err := fs.Rename("/quill/log/"+spares[0], "/quill/log/"+segName(last+1)); err != nil {
-		t.Fatal(err)
+	for i := range 2 {
+		if err := fs.Rename("/quill/log/"+spares[i], "/quill/log/"+segName(last+1+uint32(i))); err != nil {
+			t.Fatal(err)
+		}
 	}
 	e, err = Open("/quill", opts)
 	if err != nil {
-		t.Fatalf("opening with a spare renamed but not rewritten: %v", err)
+		t.Fatalf("opening with two spares renamed but not rewritten: %v", err)
 	}
 	defer e.Close()
 	verifyBodies(t, e, box, bodies)
@@ -349,33 +352,45 @@ func TestLogTornTail(t *testing.T) {
 	verifyBodies(t, e, box, bodies)
 }
 
-// TestLogCorruptionRefused: a damaged record before the log's end is not
-// a torn write, and the store refuses to open rather than lose what
-// follows it.
+// TestLogCorruptionRefused: damage before the log's end, or to the header
+// of a segment that holds records (even the last), is not a torn write, and
+// the store refuses to open rather than lose the records it covers.
 func TestLogCorruptionRefused(t *testing.T) {
-	fs, _, _ := crashedLog(t, 60)
-	segs := logSegments(t, fs)
-	if len(segs) < 3 {
-		t.Fatalf("want several segments, have %v", segs)
+	for _, c := range []struct {
+		name string
+		seg  func(segs []string) string
+		at   int64
+	}{
+		{"record in an earlier segment", func(segs []string) string { return segs[1] }, segHeaderLen + recHeaderLen + 100},
+		{"header of an earlier segment", func(segs []string) string { return segs[1] }, 0},
+		{"header of the last segment", func(segs []string) string { return segs[len(segs)-1] }, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fs, _, _ := crashedLog(t, 60)
+			segs := logSegments(t, fs)
+			if len(segs) < 3 {
+				t.Fatalf("want several segments, have %v", segs)
+			}
+			f, err := fs.OpenReadWrite("/quill/log/"+c.seg(segs), vfs.WriteCategoryUnspecified)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.WriteAt([]byte("XXXX"), c.at); err != nil {
+				t.Fatal(err)
+			}
+			f.Sync()
+			f.Close()
+			e, err := Open("/quill", Options{FS: fs})
+			if err == nil {
+				e.Close()
+				t.Fatal("opened a store whose log is corrupt")
+			}
+			if !errors.Is(err, errCorrupt) {
+				t.Fatalf("error %v, want errCorrupt", err)
+			}
+			t.Log(err)
+		})
 	}
-	f, err := fs.OpenReadWrite("/quill/log/"+segs[1], vfs.WriteCategoryUnspecified)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteAt([]byte("XXXX"), segHeaderLen+recHeaderLen+100); err != nil {
-		t.Fatal(err)
-	}
-	f.Sync()
-	f.Close()
-	e, err := Open("/quill", Options{FS: fs})
-	if err == nil {
-		e.Close()
-		t.Fatal("opened a store whose log is corrupt before its end")
-	}
-	if !errors.Is(err, errCorrupt) {
-		t.Fatalf("error %v, want errCorrupt", err)
-	}
-	t.Log(err)
 }
 
 // TestUpgradeFromChunkStore: a store at schema level 1 (bodies in chunks
