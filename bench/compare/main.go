@@ -17,12 +17,11 @@
 // quill-sink from the tree, provisions the same users with the same
 // argon2id password hash on both servers, runs the same mix against each in
 // turn (Quill, peer, sink, durable sink, mail floor, volatile floor, Quill,
-// peer, ...), and
-// prints each figure's median with the Quill/peer ratio and the rates as
-// shares of one another (report.go). With --saturate each run is instead a
-// saturation search (loadgen.Saturate: open loop at rising rates until the
-// SMTP latency bound breaks, then narrowed), and each target's column is its
-// run at the highest rate that passed. With --warmup each target that
+// peer, ...), and prints each figure's median with the Quill/peer ratio and
+// the rates as shares of one another (report.go). With --saturate each run
+// is instead a saturation search (loadgen.Saturate: open loop at rising
+// rates until the SMTP latency bound breaks, then narrowed), and each
+// target's column is its run at the highest rate that passed. With --warmup each target that
 // stores mail first runs the mix for that long, unmeasured, so that the
 // rounds see it in steady state. Everything binds loopback ports
 // chosen at run time, lives under one temporary directory, and is stopped

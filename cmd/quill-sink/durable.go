@@ -96,8 +96,8 @@ var zeroHeader [recordHeaderLen]byte
 // errLogClosed fails an Append after Close.
 var errLogClosed = errors.New("sink: durable log closed")
 
-// durableLog appends records to one file and makes each durable before
-// Append or Expunge returns. It is safe for concurrent use.
+// durableLog appends records to one file and makes each durable (unless
+// noSync) before Append or Expunge returns. It is safe for concurrent use.
 type durableLog struct {
 	f *os.File // opened for reading and appending
 	// noSync makes a write return once its record is written, in the page
