@@ -334,19 +334,24 @@ func TestLogTornTail(t *testing.T) {
 	}
 	verifyBodies(t, e, box, bodies)
 	// More mail after the recovery, then a second power loss.
-	ctx := context.Background()
-	body := "after the first recovery\r\n"
-	msgs, err := e.Append(ctx, box, []store.NewMessage{{Body: []byte(body), Size: int64(len(body))}}, store.AppendOptions{})
+	crashAfterAppend(t, e, fs, box, bodies, "after the first recovery\r\n")
+}
+
+// crashAfterAppend appends body to box in e (open on fs), loses power,
+// closes e, and recovers the crashed copy, which must hold bodies and the
+// new one.
+func crashAfterAppend(t *testing.T, e *Engine, fs *vfs.MemFS, box store.ID, bodies map[uint32]string, body string) {
+	t.Helper()
+	msgs, err := e.Append(context.Background(), box, []store.NewMessage{{Body: []byte(body), Size: int64(len(body))}}, store.AppendOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	bodies[msgs[0].UID] = body
-	fs2 := fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 0})
+	crashed := fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 0})
 	e.Close()
-
-	e, err = Open("/quill", Options{FS: fs2})
+	e, err = Open("/quill", Options{FS: crashed})
 	if err != nil {
-		t.Fatalf("second recovery: %v", err)
+		t.Fatalf("recovering after appending %q: %v", body, err)
 	}
 	defer e.Close()
 	verifyBodies(t, e, box, bodies)
@@ -475,18 +480,6 @@ func TestLogReadsV1Segments(t *testing.T) {
 		t.Fatalf("recovering from QLG1 segments: %v", err)
 	}
 	verifyBodies(t, e, box, bodies)
-	body := "after the QLG1 segments\r\n"
-	msgs, err := e.Append(context.Background(), box, []store.NewMessage{{Body: []byte(body), Size: int64(len(body))}}, store.AppendOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bodies[msgs[0].UID] = body
-	crashed := fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 0})
-	e.Close()
-	e, err = Open("/quill", Options{FS: crashed})
-	if err != nil {
-		t.Fatalf("recovering from QLG1 and QLG2 segments: %v", err)
-	}
-	defer e.Close()
-	verifyBodies(t, e, box, bodies)
+	// Recovery from QLG1 segments followed by a QLG2 one.
+	crashAfterAppend(t, e, fs, box, bodies, "after the QLG1 segments\r\n")
 }
