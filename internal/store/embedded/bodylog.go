@@ -314,13 +314,9 @@ func (l *bodyLog) replaySegment(db *pebble.DB, s *segment, limit int64, lenient 
 	var payload []byte
 	pos := int64(segHeaderLen)
 	for pos < limit {
-		var rh [8]byte
-		if n, _ := s.f.ReadAt(rh[:], pos); n < len(rh) {
-			return corrupt(pos, "short record header")
-		}
-		n := int64(binary.LittleEndian.Uint32(rh[:4]))
-		if n < 4 || n > maxRecord || pos+8+n > limit {
-			return corrupt(pos, "bad record length")
+		n, sum, bad := readRecordHeader(s, pos, limit)
+		if bad != "" {
+			return corrupt(pos, bad)
 		}
 		applied := s.id == from.seg && pos <= from.off
 		if !applied {
@@ -331,7 +327,7 @@ func (l *bodyLog) replaySegment(db *pebble.DB, s *segment, limit int64, lenient 
 			if got, _ := s.f.ReadAt(payload, pos+8); int64(got) < n {
 				return corrupt(pos, "short record")
 			}
-			if crc32.Update(seed, crcTable, payload) != binary.LittleEndian.Uint32(rh[4:]) {
+			if crc32.Update(seed, crcTable, payload) != sum {
 				return corrupt(pos, "checksum mismatch")
 			}
 			bodies := int64(binary.LittleEndian.Uint32(payload[:4]))
@@ -354,24 +350,34 @@ func (l *bodyLog) replaySegment(db *pebble.DB, s *segment, limit int64, lenient 
 	return pos, nil
 }
 
+// readRecordHeader reads the header of the record at pos in s, which must
+// end by limit, and returns its payload's length and checksum, or what is
+// wrong with it.
+func readRecordHeader(s *segment, pos, limit int64) (n int64, sum uint32, bad string) {
+	var rh [8]byte
+	if got, _ := s.f.ReadAt(rh[:], pos); got < len(rh) {
+		return 0, 0, "short record header"
+	}
+	n = int64(binary.LittleEndian.Uint32(rh[:4]))
+	if n < 4 || n > maxRecord || pos+8+n > limit {
+		return 0, 0, "bad record length"
+	}
+	return n, binary.LittleEndian.Uint32(rh[4:]), ""
+}
+
 // firstRecordValid reports whether s holds a whole record with a valid
 // checksum right after its header, under either format's seed. A reused
 // file's old records fail both: their checksums cover another segment's id,
 // and only segments of the current format are reused.
 func firstRecordValid(s *segment) bool {
-	var rh [8]byte
-	if n, _ := s.f.ReadAt(rh[:], segHeaderLen); n < len(rh) {
-		return false
-	}
-	n := int64(binary.LittleEndian.Uint32(rh[:4]))
-	if n < 4 || n > maxRecord || segHeaderLen+8+n > s.size {
+	n, sum, bad := readRecordHeader(s, segHeaderLen, s.size)
+	if bad != "" {
 		return false
 	}
 	payload := make([]byte, n)
 	if got, _ := s.f.ReadAt(payload, segHeaderLen+8); int64(got) < n {
 		return false
 	}
-	sum := binary.LittleEndian.Uint32(rh[4:])
 	return crc32.Update(logSeed(s.id), crcTable, payload) == sum || crc32.Update(0, crcTable, payload) == sum
 }
 
