@@ -180,7 +180,7 @@ func (e *Engine) OpenBlob(ctx context.Context, id store.ID) (store.BlobReader, e
 	// A body in the log may move (the cleaner copies it forward) between
 	// reading its record and taking its segment: read the record again.
 	for range 3 {
-		v, err := e.get(e.db, blobKey(id))
+		v, err := e.getCommitted(blobKey(id))
 		if err != nil {
 			return nil, fmt.Errorf("blob %s: %w", id, err)
 		}

@@ -13,7 +13,7 @@
 //	                      keep its writes only if it succeeded
 //	    fence every mailbox the group touched at its pre-group state
 //	    append the group's bodies and batch to the log as one record; fdatasync
-//	    apply the batch to Pebble; update the hot cache
+//	    apply the batch to Pebble; update the caches (hot.go)
 //	    lift the fences; answer every request
 //
 // The log is the write-ahead log (bodylog.go): Pebble runs without its own,
@@ -22,7 +22,7 @@
 //
 // Because one goroutine assigns UIDs and MODSEQs and commits groups in order,
 // they are strictly increasing in commit order. Between applying a batch and
-// updating the hot cache, a mailbox record read from the cache and the
+// updating the caches, a mailbox record read from the cache and the
 // messages read from Pebble could disagree, so readers clamp what they see
 // of a fenced mailbox to its pre-group state.
 //
@@ -95,7 +95,8 @@ type Engine struct {
 	closeMu sync.RWMutex
 	closed  bool
 
-	hot *hotCache // committer only
+	// hot and blobs are written by the committer only (hotCache).
+	hot, blobs *hotCache
 
 	fenceMu sync.RWMutex
 	fence   map[store.ID]store.Mailbox // mailboxes in the group being synced, pre-group state
@@ -167,7 +168,8 @@ func Open(dir string, opts Options) (*Engine, error) {
 		reqs:   make(chan *request, opts.MaxGroup),
 		quit:   make(chan struct{}),
 		fence:  make(map[store.ID]store.Mailbox),
-		hot:    newHotCache(hotCacheEntries),
+		hot:    newHotCache(hotCacheEntries, true),
+		blobs:  newHotCache(blobCacheEntries, false),
 		stalls: stalls,
 		commitLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "quill_store_commit_seconds",
@@ -411,13 +413,14 @@ func (e *Engine) commitGroup(group []*request) {
 				e.blog.failed = err
 			}
 		}
-		// The hot cache takes the group's values before the fences lift,
+		// The caches take the group's values before the fences lift,
 		// so that no reader sees them disagree (hotCache).
 		if err != nil {
 			e.hot.reset()
+			e.blobs.reset()
 		} else {
 			for k, v := range t.grouped {
-				e.hot.put(k, v)
+				e.cacheFor(k[0]).put(k, v)
 			}
 			e.blog.addLive(t.deltas)
 		}

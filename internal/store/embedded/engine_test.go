@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -298,6 +299,47 @@ func BenchmarkListMessages(b *testing.B) {
 	}
 }
 
+// BenchmarkOpenBlob measures what a retrieval costs the store before the
+// body's bytes: finding a body among 50,000 stored ones (its blob record)
+// and taking its log segment, from parallel readers, as POP3 RETR and IMAP
+// FETCH do.
+func BenchmarkOpenBlob(b *testing.B) {
+	ctx := context.Background()
+	e := open(b, b.TempDir())
+	defer e.Close()
+	inbox := userInbox(b, e, "a@example.test")
+	body := []byte(strings.Repeat("x", 4700))
+	var blobs []store.ID
+	for range 50 {
+		batch := make([]store.NewMessage, 1000)
+		for i := range batch {
+			batch[i] = store.NewMessage{Body: body, Size: int64(len(body))}
+		}
+		msgs, err := e.Append(ctx, inbox.ID, batch, store.AppendOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, m := range msgs {
+			blobs = append(blobs, m.Blob)
+		}
+	}
+	var next atomic.Uint64
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		var buf [1]byte
+		for pb.Next() {
+			r, err := e.OpenBlob(ctx, blobs[next.Add(7919)%uint64(len(blobs))])
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := r.ReadAt(buf[:], 0); err != nil {
+				b.Fatal(err)
+			}
+			r.Close()
+		}
+	})
+}
+
 func TestUseAfterClose(t *testing.T) {
 	e := open(t, t.TempDir())
 	if err := e.Close(); err != nil {
@@ -386,35 +428,46 @@ func TestHotCacheHoldsCommittedRecords(t *testing.T) {
 	}
 	done := make(chan struct{})
 	e.reqs <- &request{fn: func(*txn) error {
-		for k, v := range e.hot.m {
-			got, err := e.get(e.db, []byte(k))
-			if errors.Is(err, store.ErrNotFound) {
-				got = nil
-			} else if err != nil {
-				t.Error(err)
-			}
-			if string(got) != string(v) || (got == nil) != (v == nil) {
-				t.Errorf("hot cache %q = %x, database %x", k, v, got)
+		for name, c := range map[string]*hotCache{"hot": e.hot, "blob": e.blobs} {
+			for k, v := range c.m {
+				got, err := e.get(e.db, []byte(k))
+				if errors.Is(err, store.ErrNotFound) {
+					got = nil
+				} else if err != nil {
+					t.Error(err)
+				}
+				if string(got) != string(v) || (got == nil) != (v == nil) {
+					t.Errorf("%s cache %q = %x, database %x", name, k, v, got)
+				}
+				if v == nil && !c.keepAbsent {
+					t.Errorf("%s cache keeps deleted key %q", name, k)
+				}
 			}
 		}
 		return nil
 	}, done: done}
 	<-done
-	if len(e.hot.m) == 0 {
-		t.Error("hot cache is empty after traffic")
+	if len(e.hot.m) == 0 || len(e.blobs.m) == 0 {
+		t.Errorf("caches hold %d and %d entries after traffic", len(e.hot.m), len(e.blobs.m))
 	}
 }
 
 func TestHotCacheBounded(t *testing.T) {
-	c := newHotCache(2)
-	for _, k := range []string{"ua", "ub", "uc", "ub"} {
-		c.put(k, []byte(k))
-	}
-	if len(c.m) != 2 {
-		t.Errorf("cache holds %d entries, want 2", len(c.m))
-	}
-	if v, ok := c.get([]byte("ub")); !ok || string(v) != "ub" {
-		t.Errorf("last written entry missing: %q %v", v, ok)
+	for _, keepAbsent := range []bool{true, false} {
+		c := newHotCache(2, keepAbsent)
+		for _, k := range []string{"ua", "ub", "uc", "ub"} {
+			c.put(k, []byte(k))
+		}
+		if len(c.m) != 2 {
+			t.Errorf("cache holds %d entries, want 2", len(c.m))
+		}
+		if v, ok := c.get([]byte("ub")); !ok || string(v) != "ub" {
+			t.Errorf("last written entry missing: %q %v", v, ok)
+		}
+		c.put("ub", nil)
+		if v, ok := c.get([]byte("ub")); ok != keepAbsent || v != nil {
+			t.Errorf("keepAbsent %v: deleted entry reads %q %v", keepAbsent, v, ok)
+		}
 	}
 }
 

@@ -6,24 +6,26 @@ import (
 	"quill/internal/store"
 )
 
-// hotCache holds the committed values of the records every delivery and
-// expunge reads and rewrites: users, mailboxes and usage. Only the
-// committer writes those tables (see the package comment), so the
+// hotCache holds the committed values of records that deliveries and
+// expunges read and rewrite, so that neither the committer nor a reader
+// pays a search of every memtable and level for them. The engine keeps two:
+// hot, for users, mailboxes and usage, which every delivery and expunge
+// reads and rewrites; and blobs, for the blob records ('B') that every
+// delivery writes and every retrieval (OpenBlob) and expunge reads.
+// Only the committer writes those tables (see the package comment), so the
 // committer can keep them coherent without any locking: it fills the cache
 // from what it reads and, after each successful commit, from what the group
-// wrote. Reading them through the group's indexed batch otherwise costs a
-// search of every memtable and level on the single goroutine all writes
-// wait for.
+// wrote.
 //
 // Readers outside the committer consult it too (getCommitted), so that the
-// lookups of every RCPT and POP3 login skip the LSM as well. The committer
-// is its only writer: it reads without the lock and writes under it; other
-// goroutines read under it. An entry is always a durable value: it is
-// filled from the database between groups or from a group after its
-// record is synced to the log, and updated before the group's fences are
-// lifted and its requests answered (see commitGroup), so a reader never
-// sees a mailbox record newer than what the fences allow nor older than an
-// acknowledged write.
+// lookups of every RCPT, POP3 login and body retrieval skip the LSM as
+// well. The committer is its only writer: it reads without the lock and
+// writes under it; other goroutines read under it. An entry is always a
+// durable value: it is filled from the database between groups or from a
+// group after its record is synced to the log, and updated before the
+// group's fences are lifted and its requests answered (see commitGroup), so
+// a reader never sees a mailbox record newer than what the fences allow nor
+// older than an acknowledged write.
 //
 // Values are shared, never modified: a transaction that changes a record
 // encodes a new value, and decoders copy what they keep.
@@ -31,20 +33,47 @@ type hotCache struct {
 	mu  sync.RWMutex
 	m   map[string][]byte
 	max int
+	// keepAbsent makes the cache remember a missing or deleted key as nil
+	// (known absent), which spares the lookups of unknown recipients; a
+	// cache without it forgets a deleted key, so that the records of
+	// expunged bodies do not crowd out live ones.
+	keepAbsent bool
 }
 
-// hotCacheEntries bounds the cache: about 20 MiB at the largest records.
-const hotCacheEntries = 1 << 16
+// hotCacheEntries bounds the hot cache: about 20 MiB at the largest
+// records. blobCacheEntries bounds the blob cache, about 20 MiB too: a blob
+// record is a few bytes, so most of an entry is the map's own overhead.
+// A blob's record is read twice (its retrieval and its expunge), typically
+// seconds after it was written, so the cache need hold only the bodies
+// delivered in that window, not every stored one.
+const (
+	hotCacheEntries  = 1 << 16
+	blobCacheEntries = 1 << 17
+)
 
-func newHotCache(max int) *hotCache {
-	return &hotCache{m: make(map[string][]byte), max: max}
+func newHotCache(max int, keepAbsent bool) *hotCache {
+	return &hotCache{m: make(map[string][]byte), max: max, keepAbsent: keepAbsent}
 }
 
-// hotKey reports whether k belongs to a table the cache holds. None of
-// these tables is ever deleted by prefix (txn.deletePrefix), so every write
-// to them is a point write the cache sees.
-func hotKey(k []byte) bool {
-	return len(k) > 0 && (k[0] == tUser || k[0] == tMailbox || k[0] == tUsage)
+// cacheFor returns the cache that holds the keys of table, or nil. None of
+// the cached tables is ever deleted by prefix (txn.deletePrefix), so every
+// write to them is a point write the cache sees.
+func (e *Engine) cacheFor(table byte) *hotCache {
+	switch table {
+	case tUser, tMailbox, tUsage:
+		return e.hot
+	case tBlob:
+		return e.blobs
+	}
+	return nil
+}
+
+// cacheOf returns the cache that holds k, or nil.
+func (e *Engine) cacheOf(k []byte) *hotCache {
+	if len(k) == 0 {
+		return nil
+	}
+	return e.cacheFor(k[0])
 }
 
 // get is the committer's lookup.
@@ -66,10 +95,16 @@ func (c *hotCache) load(k []byte) ([]byte, bool) {
 func (c *hotCache) put(k string, v []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.m[k]; !ok && len(c.m) >= c.max {
-		for old := range c.m { // map order: a pseudo-random victim
-			delete(c.m, old)
-			break
+	if v == nil && !c.keepAbsent {
+		delete(c.m, k)
+		return
+	}
+	if len(c.m) >= c.max {
+		if _, ok := c.m[k]; !ok {
+			for old := range c.m { // map order: a pseudo-random victim
+				delete(c.m, old)
+				break
+			}
 		}
 	}
 	c.m[k] = v
@@ -84,14 +119,16 @@ func (c *hotCache) reset() {
 }
 
 // getCommitted returns the committed value at k for a reader outside the
-// committer: from the hot cache when it holds k, else from the database.
-// Like get, it returns store.ErrNotFound for a missing key.
+// committer: from its cache when one holds k, else from the database. Like
+// get, it returns store.ErrNotFound for a missing key.
 func (e *Engine) getCommitted(k []byte) ([]byte, error) {
-	if v, ok := e.hot.load(k); ok {
-		if v == nil {
-			return nil, store.ErrNotFound
+	if c := e.cacheOf(k); c != nil {
+		if v, ok := c.load(k); ok {
+			if v == nil {
+				return nil, store.ErrNotFound
+			}
+			return v, nil
 		}
-		return v, nil
 	}
 	return e.get(e.db, k)
 }

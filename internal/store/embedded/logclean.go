@@ -205,7 +205,7 @@ func (e *Engine) moveLive(s *segment) error {
 		return err
 	}
 	for _, id := range ids {
-		v, err := e.get(e.db, blobKey(id))
+		v, err := e.getCommitted(blobKey(id))
 		if errors.Is(err, store.ErrNotFound) {
 			continue
 		}

@@ -22,7 +22,7 @@ type txn struct {
 	own     map[string]int // key -> index in ops of its latest write
 	touched map[store.ID]store.Mailbox
 	added   []store.ID // mailboxes first touched by the current transaction
-	// grouped holds the values of hot keys (see hotCache) written by the
+	// grouped holds the values of cached keys (see hotCache) written by the
 	// group's successful transactions so far; nil means deleted.
 	grouped map[string][]byte
 	// deltas are the changes in the log segments' live bytes made by the
@@ -70,7 +70,7 @@ func (t *txn) apply() {
 			// Batch writes fail only on programming errors (closed batch).
 			panic(fmt.Sprintf("embedded: batch write: %v", err))
 		}
-		if o.rangeEnd == nil && hotKey(o.key) {
+		if o.rangeEnd == nil && t.e.cacheOf(o.key) != nil {
 			if t.grouped == nil {
 				t.grouped = make(map[string][]byte)
 			}
@@ -91,12 +91,13 @@ func (t *txn) get(k []byte) ([]byte, error) {
 		}
 		return t.ops[i].value, nil
 	}
-	if !hotKey(k) {
+	c := t.e.cacheOf(k)
+	if c == nil {
 		return t.e.get(t.b, k)
 	}
 	v, ok := t.grouped[string(k)]
 	if !ok {
-		v, ok = t.e.hot.get(k)
+		v, ok = c.get(k)
 	}
 	if !ok {
 		// Not written in this group: the batch reads through to the
@@ -106,7 +107,7 @@ func (t *txn) get(k []byte) ([]byte, error) {
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			return nil, err
 		}
-		t.e.hot.put(string(k), v)
+		c.put(string(k), v)
 	}
 	if v == nil {
 		return nil, store.ErrNotFound
