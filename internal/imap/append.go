@@ -15,7 +15,11 @@ import (
 // cmdAppend: RFC 9051 section 6.3.12, with MULTIAPPEND (RFC 3502),
 // APPENDUID (RFC 4315) and APPENDLIMIT (RFC 7889). Each literal streams
 // into the store as it arrives; the messages are appended in one
-// transaction at the end, so MULTIAPPEND is all or nothing.
+// transaction at the end, so MULTIAPPEND is all or nothing. Literals are
+// held in memory, to be written with that transaction, while their sum
+// stays within mailbox.InlineBodyMax: a command then holds no more memory
+// than storing one body would, and an APPEND of a common message costs one
+// store commit instead of two.
 func (s *session) cmdAppend(ctx context.Context, d *decoder, c *command) (string, error) {
 	if err := d.sp(); err != nil {
 		return "", err
@@ -30,6 +34,7 @@ func (s *session) cmdAppend(ctx context.Context, d *decoder, c *command) (string
 		return "", tryCreate(err)
 	}
 	var msgs []mailbox.NewMessage
+	var inlined int64
 	for {
 		if err := d.sp(); err != nil {
 			return "", err
@@ -64,7 +69,11 @@ func (s *session) cmdAppend(ctx context.Context, d *decoder, c *command) (string
 		// The summary is computed as the literal streams to the store, so
 		// FETCH of ENVELOPE or BODYSTRUCTURE never parses it again.
 		parser := mime.NewParser()
-		m.Body, err = s.mboxes.PutBody(ctx, io.TeeReader(r, parser), n)
+		inline := inlined+n <= mailbox.InlineBodyMax
+		if inline {
+			inlined += n
+		}
+		m.Body, err = s.mboxes.PutBody(ctx, io.TeeReader(r, parser), n, inline)
 		if err != nil {
 			// Stay in step with the client: the rest of the literal is
 			// on its way.

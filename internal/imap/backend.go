@@ -33,8 +33,10 @@ type Mailboxes interface {
 	Delete(ctx context.Context, name string) error
 	Rename(ctx context.Context, from, to string) error
 	SetSubscribed(ctx context.Context, name string, on bool) error
-	// PutBody stores one APPEND literal of exactly size octets read from r.
-	PutBody(ctx context.Context, r io.Reader, size int64) (mailbox.Body, error)
+	// PutBody prepares one APPEND literal of exactly size octets read
+	// from r; with inline true, one of at most mailbox.InlineBodyMax octets
+	// is held in memory and written with the Append.
+	PutBody(ctx context.Context, r io.Reader, size int64, inline bool) (mailbox.Body, error)
 	// Append appends messages atomically.
 	Append(ctx context.Context, name string, msgs []mailbox.NewMessage) (mailbox.AppendResult, error)
 	// Quota returns the user's storage quota and usage (RFC 9208).

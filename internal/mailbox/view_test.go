@@ -11,17 +11,24 @@ import (
 	"quill/internal/store/embedded"
 )
 
-func imapSetup(t *testing.T, n int) (*Mailboxes, *embedded.Engine, *Hub) {
+// openStore opens an embedded engine on a temporary directory, closed
+// when the test ends, with one user "u".
+func openStore(t *testing.T, opts embedded.Options) *embedded.Engine {
 	t.Helper()
-	st, err := embedded.Open(t.TempDir(), embedded.Options{})
+	st, err := embedded.Open(t.TempDir(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	ctx := context.Background()
-	if err := st.CreateUser(ctx, store.User{Address: "u"}); err != nil {
+	if err := st.CreateUser(context.Background(), store.User{Address: "u"}); err != nil {
 		t.Fatal(err)
 	}
+	return st
+}
+
+func imapSetup(t *testing.T, n int) (*Mailboxes, *embedded.Engine, *Hub) {
+	t.Helper()
+	st := openStore(t, embedded.Options{})
 	hub := NewHub()
 	m := NewMailboxes(st, hub)
 	for range n {
@@ -34,7 +41,7 @@ func appendMsg(t *testing.T, m *Mailboxes, mbox string) uint32 {
 	t.Helper()
 	ctx := context.Background()
 	u := m.User("u")
-	body, err := u.PutBody(ctx, strings.NewReader("Subject: x\r\n\r\ny\r\n"), 17)
+	body, err := u.PutBody(ctx, strings.NewReader("Subject: x\r\n\r\ny\r\n"), 17, true)
 	if err != nil {
 		t.Fatal(err)
 	}
