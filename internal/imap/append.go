@@ -13,13 +13,13 @@ import (
 )
 
 // cmdAppend: RFC 9051 section 6.3.12, with MULTIAPPEND (RFC 3502),
-// APPENDUID (RFC 4315) and APPENDLIMIT (RFC 7889). Each literal streams
-// into the store as it arrives; the messages are appended in one
-// transaction at the end, so MULTIAPPEND is all or nothing. Literals are
-// held in memory, to be written with that transaction, while their sum
-// stays within mailbox.InlineBodyMax: a command then holds no more memory
-// than storing one body would, and an APPEND of a common message costs one
-// store commit instead of two.
+// APPENDUID (RFC 4315) and APPENDLIMIT (RFC 7889). The messages are
+// appended in one transaction at the end, so MULTIAPPEND is all or
+// nothing. Literals are held in memory, to be written with that
+// transaction, while their sum stays within mailbox.InlineBodyMax; the
+// others stream into the store as they arrive. A command thus holds no
+// more memory than storing one body would, and an APPEND of a common
+// message costs one store commit instead of two.
 func (s *session) cmdAppend(ctx context.Context, d *decoder, c *command) (string, error) {
 	if err := d.sp(); err != nil {
 		return "", err
