@@ -7,13 +7,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
 
 	"quill/internal/loadgen"
+	"quill/internal/procs"
 )
 
 // pidFlag collects --pid NAME=PID.
@@ -147,7 +146,7 @@ func mixCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "quill-load mix: %v\n", err)
 		return 2
 	}
-	stopProfile, err := startCPUProfile(*f.cpuprofile)
+	stopProfile, err := procs.CPUProfile(*f.cpuprofile)
 	if err != nil {
 		fmt.Fprintf(stderr, "quill-load mix: %v\n", err)
 		return 1
@@ -225,24 +224,4 @@ func writeJSON(stdout, stderr io.Writer, v any) int {
 		return 1
 	}
 	return 0
-}
-
-// startCPUProfile profiles this process into path until the returned stop
-// is called; with an empty path both do nothing.
-func startCPUProfile(path string) (stop func() error, err error) {
-	if path == "" {
-		return func() error { return nil }, nil
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, err
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return func() error {
-		pprof.StopCPUProfile()
-		return f.Close()
-	}, nil
 }

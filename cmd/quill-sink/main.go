@@ -53,7 +53,6 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
-	"runtime/pprof"
 	"slices"
 	"strings"
 	"syscall"
@@ -121,22 +120,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	if *durable != "" {
 		procs.Raise()
 	}
-	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		if err != nil {
-			return err
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			f.Close()
-			return err
-		}
-		defer func() {
-			pprof.StopCPUProfile()
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-		}()
+	stopProfile, err := procs.CPUProfile(*cpuprofile)
+	if err != nil {
+		return err
 	}
+	defer func() {
+		if perr := stopProfile(); err == nil {
+			err = perr
+		}
+	}()
 	backend := &sink{domains: domains}
 	if *pop3Addr != "" {
 		if *durable == "" || *password == "" {

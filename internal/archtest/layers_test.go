@@ -16,7 +16,7 @@ import (
 // package takes a deliberate place in the layering.
 var allowed = map[string][]string{
 	"cmd/quill":      {"internal/admin", "internal/auth", "internal/config", "internal/procs", "internal/server", "internal/store/embedded"},
-	"cmd/quill-load": {"internal/loadgen"},
+	"cmd/quill-load": {"internal/loadgen", "internal/procs"},
 	// The benchmark's sinks and mail floor: Quill's SMTP and POP3 front
 	// ends over backends of their own, so they need the front ends'
 	// vocabulary (auth, delivery, mail and mailbox error values and types)

@@ -1,10 +1,12 @@
-// Package procs sets the process's Go scheduler threads for serving mail
-// from local storage.
+// Package procs holds the process-wide settings of Quill's commands: the
+// Go scheduler threads for serving mail from local storage, and a CPU
+// profile of the whole process.
 package procs
 
 import (
 	"os"
 	"runtime"
+	"runtime/pprof"
 )
 
 // Raise doubles GOMAXPROCS unless the GOMAXPROCS environment variable
@@ -27,4 +29,25 @@ func Raise() (from, to int, ok bool) {
 	from = runtime.GOMAXPROCS(0)
 	runtime.GOMAXPROCS(2 * from)
 	return from, 2 * from, true
+}
+
+// CPUProfile profiles this process into path until the returned stop is
+// called; with an empty path both do nothing. stop reports the profile
+// file's close.
+func CPUProfile(path string) (stop func() error, err error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		return f.Close()
+	}, nil
 }

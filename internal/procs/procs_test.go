@@ -22,3 +22,24 @@ func TestRaise(t *testing.T) {
 		t.Fatalf("Raise with GOMAXPROCS=3 in the environment changed it to %d", runtime.GOMAXPROCS(0))
 	}
 }
+
+// CPUProfile writes a profile (gzip-compressed protobuf) once stopped; an
+// empty path profiles nothing.
+func TestCPUProfile(t *testing.T) {
+	path := t.TempDir() + "/cpu.pb"
+	stop, err := CPUProfile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Fatalf("profile file: %d octets, %v", len(b), err)
+	}
+	stop, err = CPUProfile("")
+	if err != nil || stop() != nil {
+		t.Fatalf("CPUProfile(\"\") = %v", err)
+	}
+}
