@@ -168,7 +168,7 @@ type benchClient struct {
 }
 
 // do sends one command and reads its response through the tagged line,
-// skipping literals; a NO or BAD fails the benchmark.
+// skipping literals; a NO or BAD fails the test or benchmark.
 func (c *benchClient) do(b testing.TB, cmd string) {
 	c.seq++
 	tag := "b" + strconv.Itoa(c.seq)
