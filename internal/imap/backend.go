@@ -63,7 +63,7 @@ type View interface {
 	SetFlags(ctx context.Context, uids []uint32, op mailbox.FlagOp, flags []string) ([]mailbox.Message, error)
 	SetFlagsIf(ctx context.Context, uids []uint32, op mailbox.FlagOp, flags []string, unchangedSince uint64) ([]mailbox.Message, []uint32, error)
 	HighestModSeq() uint64
-	ChangesSince(ctx context.Context, modseq uint64) (vanished, changed []uint32, err error)
+	ChangesSince(ctx context.Context, modseq uint64) (vanished []mailbox.UIDRange, changed []uint32, err error)
 	Expunge(ctx context.Context, uids []uint32) error
 	Copy(ctx context.Context, uids []uint32, dest string) (mailbox.CopyResult, error)
 	// Move copies without the quota check; the caller expunges the

@@ -1,7 +1,9 @@
 package imap
 
 import (
+	"cmp"
 	"context"
+	"slices"
 
 	"quill/internal/mailbox"
 )
@@ -9,7 +11,9 @@ import (
 // CONDSTORE and QRESYNC (RFC 7162): the pieces shared by SELECT, FETCH,
 // STORE, SEARCH and STATUS. Every message has a MODSEQ in the store and
 // every expunge leaves a tombstone with its MODSEQ in the change log, so
-// no mailbox is ever NOMODSEQ and VANISHED (EARLIER) is exact.
+// no mailbox is ever NOMODSEQ. The store forgets tombstones past a window
+// of recent MODSEQs; a resync from before it reports as vanished every
+// UID the mailbox no longer holds (mailbox.View.ChangesSince).
 
 // maxModSeq is the largest mod-sequence-value (RFC 7162 section 7: 63
 // bits).
@@ -41,29 +45,27 @@ func (d *decoder) modSeq(zeroOK bool) (uint64, error) {
 	return n, nil
 }
 
-// inUIDSet reports whether set (not "$") names uid, with "*" standing for
-// star.
-func inUIDSet(set SeqSet, uid, star uint32) bool {
-	for _, r := range set.Ranges {
-		if lo, hi := r.bounds(star); uid >= lo && uid <= hi {
-			return true
-		}
-	}
-	return false
-}
-
-// writeVanished sends VANISHED (RFC 7162 section 3.2.10) for uids
-// (ascending), in pieces that keep lines short.
-func (s *session) writeVanished(earlier bool, uids []uint32) {
+// writeVanished sends VANISHED (RFC 7162 section 3.2.10) for ranges
+// (ascending, disjoint), in pieces that keep lines short.
+func (s *session) writeVanished(earlier bool, ranges []mailbox.UIDRange) {
 	const per = 1000
-	for len(uids) > 0 {
-		n := min(len(uids), per)
+	for len(ranges) > 0 {
+		n := min(len(ranges), per)
 		s.enc.raw("* VANISHED ")
 		if earlier {
 			s.enc.raw("(EARLIER) ")
 		}
-		s.enc.raw(uidRange(uids[:n])).crlf()
-		uids = uids[n:]
+		for i, r := range ranges[:n] {
+			if i > 0 {
+				s.enc.raw(",")
+			}
+			s.enc.num(r.Lo)
+			if r.Hi > r.Lo {
+				s.enc.raw(":").num(r.Hi)
+			}
+		}
+		s.enc.crlf()
+		ranges = ranges[n:]
 	}
 }
 
@@ -77,13 +79,7 @@ func (s *session) resync(ctx context.Context, modseq uint64, within *SeqSet, sta
 		return err
 	}
 	if within != nil {
-		kept := vanished[:0]
-		for _, u := range vanished {
-			if inUIDSet(*within, u, star) {
-				kept = append(kept, u)
-			}
-		}
-		vanished = kept
+		vanished = intersectRanges(vanished, normalize(*within, star))
 	}
 	if len(vanished) > 0 {
 		s.writeVanished(true, vanished)
@@ -100,6 +96,44 @@ func (s *session) resync(ctx context.Context, modseq uint64, within *SeqSet, sta
 		err = nil
 	}
 	return err
+}
+
+// normalize returns set's ranges, with "*" standing for star, as
+// ascending, disjoint, non-adjacent UID ranges.
+func normalize(set SeqSet, star uint32) []mailbox.UIDRange {
+	out := make([]mailbox.UIDRange, 0, len(set.Ranges))
+	for _, r := range set.Ranges {
+		lo, hi := r.bounds(star)
+		out = append(out, mailbox.UIDRange{Lo: lo, Hi: hi})
+	}
+	slices.SortFunc(out, func(a, b mailbox.UIDRange) int { return cmp.Compare(a.Lo, b.Lo) })
+	merged := out[:0]
+	for _, r := range out {
+		if n := len(merged); n > 0 && uint64(r.Lo) <= uint64(merged[n-1].Hi)+1 {
+			merged[n-1].Hi = max(merged[n-1].Hi, r.Hi)
+			continue
+		}
+		merged = append(merged, r)
+	}
+	return merged
+}
+
+// intersectRanges returns the UIDs in both a and b (each ascending and
+// disjoint) as ranges.
+func intersectRanges(a, b []mailbox.UIDRange) []mailbox.UIDRange {
+	var out []mailbox.UIDRange
+	for i, j := 0, 0; i < len(a) && j < len(b); {
+		lo, hi := max(a[i].Lo, b[j].Lo), min(a[i].Hi, b[j].Hi)
+		if lo <= hi {
+			out = append(out, mailbox.UIDRange{Lo: lo, Hi: hi})
+		}
+		if a[i].Hi < b[j].Hi {
+			i++
+		} else {
+			j++
+		}
+	}
+	return out
 }
 
 // intersect returns the UIDs in both a and b (both ascending).

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"quill/internal/store/embedded"
 )
 
 var update = flag.Bool("update", false, "rewrite the S: lines of testdata/*.txt from the server's actual responses")
@@ -28,7 +30,8 @@ var update = flag.Bool("update", false, "rewrite the S: lines of testdata/*.txt 
 //	                      appendlimit=N, maxline=N, rate=N (commands
 //	                      per second), burst=N, timeout=DURATION (autologout
 //	                      after login), unauthtimeout=DURATION,
-//	                      idlepoll=DURATION
+//	                      idlepoll=DURATION, expungewindow=N (MODSEQs
+//	                      of expunges the store keeps)
 //	!connect [n]          open session n and read its greeting
 //	C[n]: line            send line (<CRLF> stands for CRLF inside it);
 //	                      the response through its tagged line (or a
@@ -41,6 +44,8 @@ var update = flag.Bool("update", false, "rewrite the S: lines of testdata/*.txt 
 //	!deliver-elsewhere user subject
 //	                      the same, as another node sharing the store would:
 //	                      the hub is not told (only IdlePoll finds it)
+//	!churn user n         deliver n messages to user and expunge each at
+//	                      once, as POP3 through another node does
 //	!quota user octets    set user's quota (0: unlimited), as the operator does
 //	!shutdown             Shutdown the server (sessions get BYE)
 //	!clock DURATION       advance the command rate limit's clock, which
@@ -98,10 +103,19 @@ func maskUV(s string) string {
 
 func runTranscript(t *testing.T, script string) string {
 	serverTLS, clientTLS := tlsConfigs(t)
-	backend := newTestBackend(t)
 	var clock atomic.Int64 // nanoseconds after fixtureDate
-	srv := &Server{Hostname: "imap.test", Backend: backend, Logger: testLogger(t),
+	srv := &Server{Hostname: "imap.test", Logger: testLogger(t),
 		Now: func() time.Time { return fixtureDate.Add(time.Duration(clock.Load())) }}
+	// The backend opens at first use, after the store's options.
+	var storeOpts embedded.Options
+	var backend *testBackend
+	be := func() *testBackend {
+		if backend == nil {
+			backend = newTestBackendWith(t, storeOpts)
+			srv.Backend = backend
+		}
+		return backend
+	}
 	var remote netip.Addr
 	var out strings.Builder
 	clients := map[string]*client{}
@@ -126,6 +140,7 @@ func runTranscript(t *testing.T, script string) string {
 	start := func() {
 		if !started {
 			started = true
+			be()
 			addr = startServer(t, srv, remote)
 		}
 	}
@@ -150,7 +165,7 @@ func runTranscript(t *testing.T, script string) string {
 		verb, arg, _ := strings.Cut(strings.TrimPrefix(text, "!"), " ")
 		switch verb {
 		case "option":
-			if started {
+			if started || backend != nil {
 				t.Fatalf("!option after the server started: %q", text)
 			}
 			name, value, _ := strings.Cut(arg, "=")
@@ -195,6 +210,8 @@ func runTranscript(t *testing.T, script string) string {
 				srv.UnauthTimeout = dur()
 			case "idlepoll":
 				srv.IdlePoll = dur()
+			case "expungewindow":
+				storeOpts.ExpungeWindow = uint64(num())
 			default:
 				t.Fatalf("unknown option %q", arg)
 			}
@@ -215,17 +232,24 @@ func runTranscript(t *testing.T, script string) string {
 			emit(arg, session(arg).readLines()...)
 		case "deliver":
 			user, subject, _ := strings.Cut(arg, " ")
-			backend.deliver(t, user, "From: x@example.org\r\nSubject: "+subject+"\r\n\r\nbody\r\n")
+			be().deliver(t, user, "From: x@example.org\r\nSubject: "+subject+"\r\n\r\nbody\r\n")
 		case "deliver-elsewhere":
 			user, subject, _ := strings.Cut(arg, " ")
-			backend.deliverElsewhere(t, user, "From: x@example.org\r\nSubject: "+subject+"\r\n\r\nbody\r\n")
+			be().deliverElsewhere(t, user, "From: x@example.org\r\nSubject: "+subject+"\r\n\r\nbody\r\n")
+		case "churn":
+			user, count, _ := strings.Cut(arg, " ")
+			n, err := strconv.Atoi(count)
+			if err != nil {
+				t.Fatalf("!churn %q: %v", arg, err)
+			}
+			be().churn(t, user, n)
 		case "quota":
 			user, octets, _ := strings.Cut(arg, " ")
 			n, err := strconv.ParseInt(octets, 10, 64)
 			if err != nil {
 				t.Fatalf("!quota %q: %v", arg, err)
 			}
-			backend.setQuota(t, user, n)
+			be().setQuota(t, user, n)
 		case "clock":
 			d, err := time.ParseDuration(arg)
 			if err != nil {

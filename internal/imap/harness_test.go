@@ -135,7 +135,12 @@ var fixtureDate = time.Date(2024, 3, 1, 12, 0, 0, 0, time.FixedZone("", 3600))
 // INBOX messages) and bob (empty), with the default folders.
 func newTestBackend(t testing.TB) *testBackend {
 	t.Helper()
-	st, err := embedded.Open(t.TempDir(), embedded.Options{})
+	return newTestBackendWith(t, embedded.Options{})
+}
+
+func newTestBackendWith(t testing.TB, opts embedded.Options) *testBackend {
+	t.Helper()
+	st, err := embedded.Open(t.TempDir(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,6 +191,18 @@ func (b *testBackend) deliverElsewhere(t testing.TB, user, body string) (store.I
 		t.Fatal(err)
 	}
 	return inbox.ID, msgs
+}
+
+// churn delivers n messages to user's INBOX and expunges each at once,
+// as POP3 retrieval through another node does, without telling the hub.
+func (b *testBackend) churn(t testing.TB, user string, n int) {
+	t.Helper()
+	for range n {
+		inbox, msgs := b.deliverElsewhere(t, user, "Subject: churn\r\n\r\nbody\r\n")
+		if _, _, err := b.st.Expunge(context.Background(), inbox, []uint32{msgs[0].UID}); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // setQuota sets user's quota in octets, as the operator does.

@@ -252,7 +252,7 @@ func (s *session) writeUpdates(up mailbox.Updates) {
 	if s.qresync {
 		// RFC 7162 section 3.2.10: VANISHED replaces EXPUNGE.
 		if len(up.ExpungedUIDs) > 0 {
-			s.writeVanished(false, up.ExpungedUIDs)
+			s.writeVanished(false, mailbox.RangesOf(up.ExpungedUIDs))
 		}
 	} else {
 		for _, seq := range up.Expunged {

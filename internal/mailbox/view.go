@@ -26,6 +26,7 @@ import (
 //   - gone holds UIDs expunged in the store but still numbered for the
 //     client, because the command running may not send EXPUNGE (RFC 3501
 //     section 7.4.1: not during FETCH, STORE or SEARCH).
+//   - every UID below uidNext that uids does not hold has been expunged.
 //
 // Changes reach a view by one path, whoever made them (this session,
 // another one, SMTP delivery): the store's change log, read by Poll. The
@@ -37,6 +38,7 @@ type View struct {
 
 	uidValidity uint32
 	uids        []uint32
+	uidNext     uint32
 	modseq      uint64
 	gone        map[uint32]struct{}
 	// own holds the flag changes this session made and reported itself
@@ -44,7 +46,7 @@ type View struct {
 	own map[uint32]uint64
 	// recent are the UID ranges this session claimed as \Recent
 	// (IMAP4rev1), ascending and disjoint.
-	recent []uidRange
+	recent []UIDRange
 
 	notify <-chan struct{}
 	cancel func()
@@ -111,6 +113,7 @@ func (u *User) Select(ctx context.Context, name string, readOnly bool) (*View, S
 		// The listing may include messages appended after GetMailbox.
 		info.UIDNext = max(info.UIDNext, v.uids[n-1]+1)
 	}
+	v.uidNext = info.UIDNext
 	if !readOnly {
 		v.claimRecent(info.UIDNext)
 	}
@@ -163,7 +166,21 @@ func (v *View) MaxUID() uint32 {
 	return v.uids[len(v.uids)-1]
 }
 
-type uidRange struct{ lo, hi uint32 }
+// UIDRange is the UIDs Lo through Hi, inclusive.
+type UIDRange struct{ Lo, Hi uint32 }
+
+// RangesOf returns ascending UIDs as the fewest ranges.
+func RangesOf(uids []uint32) []UIDRange {
+	var out []UIDRange
+	for _, u := range uids {
+		if n := len(out); n > 0 && out[n-1].Hi+1 == u {
+			out[n-1].Hi = u
+			continue
+		}
+		out = append(out, UIDRange{u, u})
+	}
+	return out
+}
 
 // claimRecent claims \Recent for the UIDs below uidNext no other session
 // has claimed.
@@ -172,17 +189,17 @@ func (v *View) claimRecent(uidNext uint32) {
 	if uidNext == 0 || first > uidNext-1 {
 		return
 	}
-	if n := len(v.recent); n > 0 && v.recent[n-1].hi+1 == first {
-		v.recent[n-1].hi = uidNext - 1
+	if n := len(v.recent); n > 0 && v.recent[n-1].Hi+1 == first {
+		v.recent[n-1].Hi = uidNext - 1
 		return
 	}
-	v.recent = append(v.recent, uidRange{first, uidNext - 1})
+	v.recent = append(v.recent, UIDRange{first, uidNext - 1})
 }
 
 // Recent reports whether uid is \Recent in this session (IMAP4rev1).
 func (v *View) Recent(uid uint32) bool {
 	for _, r := range v.recent {
-		if uid >= r.lo && uid <= r.hi {
+		if uid >= r.Lo && uid <= r.Hi {
 			return true
 		}
 	}
@@ -192,8 +209,8 @@ func (v *View) Recent(uid uint32) bool {
 func (v *View) recentCount() uint32 {
 	var n int
 	for _, r := range v.recent {
-		i, _ := slices.BinarySearch(v.uids, r.lo)
-		j, _ := slices.BinarySearch(v.uids, r.hi+1)
+		i, _ := slices.BinarySearch(v.uids, r.Lo)
+		j, _ := slices.BinarySearch(v.uids, r.Hi+1)
 		n += j - i
 	}
 	return uint32(n)
@@ -223,14 +240,22 @@ func (v *View) Poll(ctx context.Context, allowExpunge bool) (Updates, error) {
 	var up Updates
 	var added, flagged []uint32
 	seenFlag := map[uint32]bool{}
-	max0 := v.MaxUID()
+	max0, since := v.MaxUID(), v.modseq
 	for {
 		page, err := v.u.m.st.Changes(ctx, v.id, v.modseq, pageSize)
+		if errors.Is(err, store.ErrExpungesForgotten) {
+			added, flagged, err = v.relist(ctx, since, max0)
+			if err != nil {
+				return up, err
+			}
+			break
+		}
 		if err != nil {
 			return up, classify(err, "changes")
 		}
 		for _, c := range page {
 			v.modseq = c.ModSeq
+			v.uidNext = max(v.uidNext, c.UID+1)
 			if c.UID > max0 {
 				if c.Kind != store.ChangeExpunged && !seenFlag[c.UID] {
 					seenFlag[c.UID] = true
@@ -515,6 +540,49 @@ func (v *View) copy(ctx context.Context, uids []uint32, dest string, checkQuota 
 	return res, err
 }
 
+// relist brings the view up to date by comparing its UIDs with the
+// mailbox's, for when the change log no longer reaches back to since
+// (store.ErrExpungesForgotten): UIDs the view numbers and the mailbox
+// lacks are gone, UIDs above max0 are added, and a numbered message whose
+// MODSEQ is above since may have changed. It ends at a MODSEQ read before
+// the listing, so later changes are read again from the log, and seen
+// twice at worst.
+func (v *View) relist(ctx context.Context, since uint64, max0 uint32) (added, flagged []uint32, err error) {
+	mb, err := v.u.m.st.GetMailboxByID(ctx, v.id)
+	if err != nil {
+		return nil, nil, classify(err, "mailbox")
+	}
+	i := 0
+	err = v.u.scan(ctx, v.id, func(m store.Message) {
+		if m.UID > max0 {
+			added = append(added, m.UID)
+			return
+		}
+		for ; i < len(v.uids) && v.uids[i] < m.UID; i++ {
+			v.gone[v.uids[i]] = struct{}{}
+		}
+		if i == len(v.uids) || v.uids[i] != m.UID {
+			return
+		}
+		i++
+		if ms, ok := v.own[m.UID]; m.ModSeq > since && !(ok && ms >= m.ModSeq) {
+			flagged = append(flagged, m.UID)
+		}
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	for ; i < len(v.uids); i++ {
+		v.gone[v.uids[i]] = struct{}{}
+	}
+	v.modseq = max(v.modseq, mb.HighestModSeq)
+	v.uidNext = max(v.uidNext, mb.UIDNext)
+	if n := len(added); n > 0 {
+		v.uidNext = max(v.uidNext, added[n-1]+1)
+	}
+	return added, flagged, nil
+}
+
 // HighestModSeq is the MODSEQ up to which the view has taken changes in
 // (RFC 7162 HIGHESTMODSEQ): every change at or below it has been, or is
 // being, told to the client.
@@ -522,14 +590,21 @@ func (v *View) HighestModSeq() uint64 { return v.modseq }
 
 // ChangesSince answers a client resynchronizing from modseq (RFC 7162
 // QRESYNC, CHANGEDSINCE ... VANISHED): the UIDs expunged after modseq
-// that the view no longer numbers (vanished, ascending), and the UIDs
-// the view numbers whose state changed after modseq (changed, ascending).
-// Only changes up to HighestModSeq count; later ones are Poll's. The
-// store keeps an expunge tombstone per UID, so vanished is exact.
-func (v *View) ChangesSince(ctx context.Context, modseq uint64) (vanished, changed []uint32, err error) {
+// that the view no longer numbers (vanished, ascending ranges), and the
+// UIDs the view numbers whose state changed after modseq (changed,
+// ascending). Only changes up to HighestModSeq count; later ones are
+// Poll's. While the store remembers the expunges after modseq, vanished
+// is exact; once it has forgotten them, vanished is every UID below the
+// view's UIDNEXT it does not number, which RFC 7162 section 5 allows (a
+// client ignores UIDs it does not hold), and costs ranges, not UIDs.
+func (v *View) ChangesSince(ctx context.Context, modseq uint64) (vanished []UIDRange, changed []uint32, err error) {
+	var expunged []uint32
 	since := modseq
 	for since < v.modseq {
 		page, err := v.u.m.st.Changes(ctx, v.id, since, pageSize)
+		if errors.Is(err, store.ErrExpungesForgotten) {
+			return v.changesByListing(ctx, modseq)
+		}
 		if err != nil {
 			return nil, nil, classify(err, "changes")
 		}
@@ -540,7 +615,7 @@ func (v *View) ChangesSince(ctx context.Context, modseq uint64) (vanished, chang
 			_, gone := v.gone[c.UID]
 			switch {
 			case c.Kind == store.ChangeExpunged && v.Seq(c.UID) == 0:
-				vanished = append(vanished, c.UID)
+				expunged = append(expunged, c.UID)
 			case c.Kind != store.ChangeExpunged && v.Seq(c.UID) != 0 && !gone:
 				changed = append(changed, c.UID)
 			}
@@ -550,9 +625,31 @@ func (v *View) ChangesSince(ctx context.Context, modseq uint64) (vanished, chang
 		}
 		since = page[len(page)-1].ModSeq
 	}
-	slices.Sort(vanished)
+	slices.Sort(expunged)
 	slices.Sort(changed)
-	return slices.Compact(vanished), slices.Compact(changed), nil
+	return RangesOf(slices.Compact(expunged)), slices.Compact(changed), nil
+}
+
+// changesByListing is ChangesSince without the change log: the gaps in
+// the view's UIDs below uidNext, and the numbered messages whose MODSEQ
+// lies in (since, HighestModSeq].
+func (v *View) changesByListing(ctx context.Context, since uint64) (vanished []UIDRange, changed []uint32, err error) {
+	next := uint32(1)
+	for _, uid := range v.uids {
+		if uid > next {
+			vanished = append(vanished, UIDRange{next, uid - 1})
+		}
+		next = uid + 1
+	}
+	if v.uidNext > next {
+		vanished = append(vanished, UIDRange{next, v.uidNext - 1})
+	}
+	err = v.u.scan(ctx, v.id, func(m store.Message) {
+		if _, gone := v.gone[m.UID]; !gone && m.ModSeq > since && m.ModSeq <= v.modseq && v.Seq(m.UID) != 0 {
+			changed = append(changed, m.UID)
+		}
+	})
+	return vanished, changed, err
 }
 
 // UIDs returns the UIDs the client knows, by sequence number (index

@@ -131,3 +131,88 @@ func TestRenameInbox(t *testing.T) {
 		t.Errorf("parent of the new name: %v", err)
 	}
 }
+
+// A view whose MODSEQ the store's change log no longer reaches (its
+// expunges forgotten) is brought up to date by comparing UIDs: Poll
+// reports the same EXPUNGE, EXISTS and FETCH FLAGS as from the log, and
+// ChangesSince from before the floor reports every missing UID, as ranges.
+func TestViewPastForgottenExpunges(t *testing.T) {
+	st := openStore(t, embedded.Options{ExpungeWindow: 2})
+	m := NewMailboxes(st, NewHub())
+	ctx := context.Background()
+	for range 6 {
+		appendMsg(t, m, "INBOX")
+	}
+	a, _, err := m.User("u").Select(ctx, "INBOX", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, _, err := m.User("u").Select(ctx, "INBOX", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	m0 := b.HighestModSeq()
+	if _, err := a.SetFlags(ctx, []uint32{2}, FlagsAdd, []string{`\Seen`}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Expunge(ctx, []uint32{1, 3}); err != nil {
+		t.Fatal(err)
+	}
+	// Deliveries expunged at once, as POP3 does, push the floor up.
+	for range 5 {
+		uid := appendMsg(t, m, "INBOX")
+		if _, _, err := st.Expunge(ctx, b.id, []uint32{uid}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kept := appendMsg(t, m, "INBOX")
+	mb, err := st.GetMailboxByID(ctx, b.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mb.ExpungeFloor <= m0 {
+		t.Fatalf("floor %d, want above the view's modseq %d", mb.ExpungeFloor, m0)
+	}
+	up, err := b.Poll(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(up.Expunged, []uint32{3, 1}) || !slices.Equal(up.ExpungedUIDs, []uint32{1, 3}) || !up.Exists ||
+		len(up.Flags) != 1 || up.Flags[0].UID != 2 || up.Flags[0].Seq != 1 {
+		t.Fatalf("poll past the floor: %+v", up)
+	}
+	if want := []uint32{2, 4, 5, 6, kept}; !slices.Equal(b.UIDs(), want) {
+		t.Fatalf("UIDs %v, want %v", b.UIDs(), want)
+	}
+	if b.HighestModSeq() != mb.HighestModSeq {
+		t.Fatalf("view at modseq %d, want %d", b.HighestModSeq(), mb.HighestModSeq)
+	}
+	vanished, changed, err := b.ChangesSince(ctx, m0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []UIDRange{{1, 1}, {3, 3}, {7, kept - 1}}; !slices.Equal(vanished, want) {
+		t.Fatalf("vanished since %d: %v, want %v", m0, vanished, want)
+	}
+	if want := []uint32{2, kept}; !slices.Equal(changed, want) {
+		t.Fatalf("changed since %d: %v, want %v", m0, changed, want)
+	}
+	// From above the floor the log still answers, exactly.
+	vanished, changed, err = b.ChangesSince(ctx, mb.HighestModSeq-1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(vanished) != 0 || !slices.Equal(changed, []uint32{kept}) {
+		t.Fatalf("since %d: vanished %v, changed %v", mb.HighestModSeq-1, vanished, changed)
+	}
+	// a took part in the same changes through the log or the listing.
+	up, err = a.Poll(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(a.UIDs(), b.UIDs()) || len(up.Flags) != 0 {
+		t.Fatalf("a: UIDs %v, updates %+v", a.UIDs(), up)
+	}
+}

@@ -12,6 +12,8 @@
 //     one UIDVALIDITY.
 //   - A successful Append, SetFlags or Expunge is durable when it returns.
 //   - A blob is deleted only after the last message referencing it is gone.
+//   - A mailbox's change log holds every change above its ExpungeFloor:
+//     each present message's latest change, and each expunge.
 package store
 
 import (
@@ -35,6 +37,10 @@ var (
 	ErrConflict = errors.New("store: conflict")
 	// ErrInvalid: the request itself is malformed (empty name, bad flag).
 	ErrInvalid = errors.New("store: invalid argument")
+	// ErrExpungesForgotten: Changes was asked for changes since a MODSEQ
+	// below the mailbox's ExpungeFloor, so expunges after it may be
+	// missing; the caller must compare message lists instead.
+	ErrExpungesForgotten = errors.New("store: expunges forgotten")
 )
 
 // ID identifies mailboxes and blobs: 128 random bits, unique without
@@ -95,6 +101,10 @@ type Mailbox struct {
 	HighestModSeq uint64
 	Messages      uint32 // number of messages
 	Size          int64  // octets of all messages
+	// ExpungeFloor is the highest MODSEQ whose expunges the change log may
+	// have forgotten: every expunge above it has its entry. 0 means none
+	// is forgotten. It never decreases and never exceeds HighestModSeq.
+	ExpungeFloor uint64
 }
 
 // Standard IMAP system flags (RFC 3501 section 2.3.2). \Recent is session
@@ -271,7 +281,10 @@ type Store interface {
 	// the UIDs removed, ascending, and the ModSeq of the expunge.
 	Expunge(ctx context.Context, mailbox ID, uids []uint32) ([]uint32, uint64, error)
 	// Changes returns up to limit change log entries with ModSeq > since,
-	// ascending.
+	// ascending. The log holds each UID's latest change only, and an
+	// engine may forget expunges at or below the mailbox's ExpungeFloor
+	// (RFC 7162 section 5 lets a server do so); a since below the
+	// floor fails with ErrExpungesForgotten, never with a partial log.
 	Changes(ctx context.Context, mailbox ID, since uint64, limit int) ([]Change, error)
 
 	Usage(ctx context.Context, user string) (Usage, error)

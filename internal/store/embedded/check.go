@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -16,7 +17,8 @@ import (
 //   - each name index entry points at a mailbox record of that user and name;
 //   - each mailbox's message count and size match its messages, every UID is
 //     below UIDNEXT and every MODSEQ at most HIGHESTMODSEQ;
-//   - each message has a change log entry at its MODSEQ;
+//   - each message has a change log entry at its MODSEQ, and no expunge
+//     entry lies at or below the mailbox's ExpungeFloor;
 //   - each blob's reference count equals the messages referencing it, and
 //     its chunks add up to its size or its log index entry agrees with it
 //     and its bytes lie within its log segment;
@@ -25,6 +27,9 @@ import (
 //
 // The log cleaner waits for the check: a segment it deleted after the
 // snapshot would look missing to the blobs the snapshot still shows in it.
+// errStopScan ends one of Check's scans early.
+var errStopScan = errors.New("stop scan")
+
 func (e *Engine) Check(ctx context.Context) ([]string, error) {
 	e.blog.cleaning.Lock()
 	defer e.blog.cleaning.Unlock()
@@ -108,6 +113,22 @@ func (e *Engine) Check(ctx context.Context) ([]string, error) {
 			return nil
 		})
 		if err != nil {
+			return nil, err
+		}
+		if m.ExpungeFloor > m.HighestModSeq {
+			report("mailbox %s: expunge floor %d > highest %d", m.ID, m.ExpungeFloor, m.HighestModSeq)
+		}
+		err = scan(changePrefix(m.ID), func(k, v []byte) error {
+			ms := binary.BigEndian.Uint64(k[17:])
+			if ms > m.ExpungeFloor {
+				return errStopScan
+			}
+			if len(v) == 1 && store.ChangeKind(v[0]) == store.ChangeExpunged {
+				report("mailbox %s uid %d: expunge at modseq %d kept below the floor %d", m.ID, binary.BigEndian.Uint32(k[25:]), ms, m.ExpungeFloor)
+			}
+			return nil
+		})
+		if err != nil && err != errStopScan {
 			return nil, err
 		}
 		if count != m.Messages || size != m.Size {

@@ -17,7 +17,9 @@ import (
 //	'n' user 0x00 name                -> mailbox ID
 //	'm' mailboxID                     -> mailbox record
 //	'x' mailboxID uid(4)              -> message record
-//	'c' mailboxID modseq(8) uid(4)    -> change kind (latest change per UID)
+//	'c' mailboxID modseq(8) uid(4)    -> change kind (latest change per UID;
+//	                                     expunges at or below the mailbox's
+//	                                     ExpungeFloor are pruned)
 //	'B' blobID                        -> blob record (size, refs, and chunks
 //	                                     or the body's place in the log)
 //	'b' blobID chunk(4)               -> chunk bytes
@@ -231,6 +233,7 @@ func encodeMailbox(m store.Mailbox) []byte {
 	e.uvarint(m.HighestModSeq)
 	e.uvarint(uint64(m.Messages))
 	e.varint(m.Size)
+	e.uvarint(m.ExpungeFloor)
 	return e
 }
 
@@ -247,6 +250,10 @@ func decodeMailbox(b []byte) (store.Mailbox, error) {
 		HighestModSeq: d.uvarint(),
 		Messages:      uint32(d.uvarint()),
 		Size:          d.varint(),
+	}
+	if len(d.b) > 0 {
+		// Records written before expunges were pruned end here.
+		m.ExpungeFloor = d.uvarint()
 	}
 	return m, d.err
 }

@@ -78,6 +78,11 @@ type Options struct {
 	// LogSegmentBytes is the size of one segment of the body log (default
 	// 64 MiB); tests lower it to exercise rotation and cleaning.
 	LogSegmentBytes int64
+	// ExpungeWindow is how many MODSEQs of expunges a mailbox's change log
+	// keeps at least (default 1024): older ones are forgotten (see
+	// pruneExpunges), so the log follows a mailbox's size and recent
+	// activity, not every message it ever held.
+	ExpungeWindow uint64
 }
 
 // Engine is the embedded store. It implements store.Store.
@@ -127,6 +132,9 @@ func Open(dir string, opts Options) (*Engine, error) {
 	}
 	if opts.FS == nil {
 		opts.FS = vfs.Default
+	}
+	if opts.ExpungeWindow == 0 {
+		opts.ExpungeWindow = 1024
 	}
 	if opts.LogSegmentBytes == 0 {
 		opts.LogSegmentBytes = defaultSegmentBytes

@@ -246,6 +246,31 @@ func BenchmarkAppend(b *testing.B) {
 	}
 }
 
+// BenchmarkDeliverExpunge is POP3's pattern in one mailbox: a delivery
+// with its body, then the expunge of that message, from 32 goroutines.
+// Every message leaves an expunge entry, so this is where pruning them
+// costs most.
+func BenchmarkDeliverExpunge(b *testing.B) {
+	ctx := context.Background()
+	e := open(b, b.TempDir())
+	defer e.Close()
+	inbox := userInbox(b, e, "hot@example.test")
+	body := []byte(strings.Repeat("x", 4700))
+	b.SetParallelism(32)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			msgs, err := e.Append(ctx, inbox.ID, []store.NewMessage{{Body: body, Size: int64(len(body))}}, store.AppendOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, _, err := e.Expunge(ctx, inbox.ID, []uint32{msgs[0].UID}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
 // BenchmarkSyncedCommit is the floor under the committer's cycle: one
 // group's worth of writes (five 5,000-byte values, about what a group of
 // the Porcupine mix carries) committed with Sync on the engine's own Pebble,

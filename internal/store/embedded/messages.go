@@ -226,6 +226,9 @@ func (e *Engine) Expunge(ctx context.Context, mailbox store.ID, uids []uint32) (
 		m.HighestModSeq = modseq
 		m.Messages -= uint32(len(gone))
 		m.Size -= bytes
+		if err := t.pruneExpunges(&m, e.opts.ExpungeWindow); err != nil {
+			return err
+		}
 		t.putMailbox(m)
 		return t.addUsage(m.User, -bytes, -int64(len(gone)))
 	})
@@ -258,9 +261,72 @@ func (e *Engine) Changes(ctx context.Context, mailbox store.ID, since uint64, li
 	if err := it.Error(); err != nil {
 		return nil, err
 	}
+	// The floor is read after the iterator's snapshot, from the latest
+	// state rather than the fenced one: a prune the iterator saw raised
+	// it in the same batch, and it never goes down.
+	v, err := e.get(e.db, mailboxKey(mailbox))
+	if err != nil {
+		return nil, fmt.Errorf("mailbox %s: %w", mailbox, err)
+	}
+	m, err := decodeMailbox(v)
+	if err != nil {
+		return nil, err
+	}
+	if since < m.ExpungeFloor {
+		return nil, fmt.Errorf("mailbox %s since %d: %w below %d", mailbox, since, store.ErrExpungesForgotten, m.ExpungeFloor)
+	}
 	if f, ok := e.fenced(mailbox); ok {
 		n := sort.Search(len(out), func(i int) bool { return out[i].ModSeq > f.HighestModSeq })
 		out = out[:n]
 	}
 	return out, nil
+}
+
+// pruneBatch bounds the change log entries one prune reads, so that the
+// first prune of a mailbox with a long history does not make one huge
+// transaction; the next expunge carries on.
+const pruneBatch = 4096
+
+// pruneExpunges forgets m's expunges more than window MODSEQs old, once
+// twice that many have accumulated, and raises m.ExpungeFloor to match
+// (the caller writes m). Added and flag entries stay: they are each
+// present message's latest change. The floor only ever lands on a MODSEQ
+// all of whose entries were read, so every expunge above it survives.
+//
+// Without this the log keeps a tombstone for every message a mailbox ever
+// held: under POP3's retrieve-and-delete, one per delivered message, for
+// ever. Clients resynchronizing from below the floor are answered by
+// comparing message lists (store.ErrExpungesForgotten).
+func (t *txn) pruneExpunges(m *store.Mailbox, window uint64) error {
+	if m.HighestModSeq < m.ExpungeFloor+2*window {
+		return nil
+	}
+	to := m.HighestModSeq - window
+	lo, hi := changeKey(m.ID, m.ExpungeFloor+1, 0), changeKey(m.ID, to+1, 0)
+	it, err := t.b.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	floor, read := to, 0
+	for it.First(); it.Valid(); it.Next() {
+		k := it.Key()
+		ms := binary.BigEndian.Uint64(k[1+len(m.ID):])
+		if read >= pruneBatch && ms != floor {
+			break
+		}
+		floor = ms
+		read++
+		if len(it.Value()) == 1 && store.ChangeKind(it.Value()[0]) == store.ChangeExpunged {
+			t.del(append([]byte(nil), k...))
+		}
+	}
+	if err := it.Error(); err != nil {
+		return err
+	}
+	if !it.Valid() {
+		floor = to
+	}
+	m.ExpungeFloor = floor
+	return nil
 }
