@@ -101,9 +101,10 @@ type Mailbox struct {
 	HighestModSeq uint64
 	Messages      uint32 // number of messages
 	Size          int64  // octets of all messages
-	// ExpungeFloor is the highest MODSEQ whose expunges the change log may
-	// have forgotten: every expunge above it has its entry. 0 means none
-	// is forgotten. It never decreases and never exceeds HighestModSeq.
+	// ExpungeFloor is the highest MODSEQ whose changes, expunges above
+	// all, the change log may have forgotten: every change above it has
+	// its entry. 0 means none is forgotten. It never decreases and never
+	// exceeds HighestModSeq.
 	ExpungeFloor uint64
 }
 
@@ -282,9 +283,10 @@ type Store interface {
 	Expunge(ctx context.Context, mailbox ID, uids []uint32) ([]uint32, uint64, error)
 	// Changes returns up to limit change log entries with ModSeq > since,
 	// ascending. The log holds each UID's latest change only, and an
-	// engine may forget expunges at or below the mailbox's ExpungeFloor
-	// (RFC 7162 section 5 lets a server do so); a since below the
-	// floor fails with ErrExpungesForgotten, never with a partial log.
+	// engine may forget the changes at or below the mailbox's
+	// ExpungeFloor (RFC 7162 section 5 lets a server forget expunges); a
+	// since below the floor fails with ErrExpungesForgotten, never with a
+	// partial log.
 	Changes(ctx context.Context, mailbox ID, since uint64, limit int) ([]Change, error)
 
 	Usage(ctx context.Context, user string) (Usage, error)

@@ -251,7 +251,7 @@ func TestRollForward(t *testing.T) {
 	}
 	// Commit an append but never apply it.
 	o := &op{ID: store.NewID(), Kind: opAppend, ModSeq: 2, Started: time.Now(),
-		Before: counters{1, 1, 0, 0}, After: counters{2, 2, 1, n},
+		Before: counters{UIDNext: 1, ModSeq: 1}, After: counters{UIDNext: 2, ModSeq: 2, Messages: 1, Size: n},
 		Msgs: []opMsg{{UID: 1, Size: n, Blob: blob, Date: time.Now().UTC().Truncate(time.Millisecond)}}}
 	raw := mustJSON(t, o)
 	applied, err := e.cas(ctx, `UPDATE mailboxes SET uidnext = 2, modseq = 2, messages = 1, size = ?, pending = ?, recent = ? WHERE id = ? IF pending = null`,

@@ -12,8 +12,9 @@ import (
 //   - each mailbox name points at a mailbox of that user and name;
 //   - each mailbox without a pending operation has as many messages, of as
 //     many bytes, as its counters say, every UID below UIDNEXT and every
-//     MODSEQ at most HIGHESTMODSEQ, and each message a change log entry at
-//     its MODSEQ;
+//     MODSEQ at most HIGHESTMODSEQ, each message above the expunge floor a
+//     change log entry at its MODSEQ, no change log entry at or below the
+//     floor, and the floor at most HIGHESTMODSEQ;
 //   - each blob reference matches a message, each referenced blob exists,
 //     and each blob is referenced or pending.
 //
@@ -96,15 +97,30 @@ func (e *Engine) Check(ctx context.Context) ([]string, error) {
 					report("mailbox %s: UID %d MODSEQ %d above HIGHESTMODSEQ %d", id, m.UID, m.ModSeq, h.modSeq)
 				}
 				var kind int8
-				err := e.read(ctx, `SELECT kind FROM changes WHERE mailbox = ? AND bucket = ? AND modseq = ? AND uid = ?`,
-					id[:], bucketOf(m.ModSeq), int64(m.ModSeq), int64(m.UID)).Scan(&kind)
-				if err != nil {
-					report("mailbox %s: UID %d has no change log entry at MODSEQ %d (%v)", id, m.UID, m.ModSeq, err)
+				if int64(m.ModSeq) > h.floor {
+					err := e.read(ctx, `SELECT kind FROM changes WHERE mailbox = ? AND bucket = ? AND modseq = ? AND uid = ?`,
+						id[:], bucketOf(m.ModSeq), int64(m.ModSeq), int64(m.UID)).Scan(&kind)
+					if err != nil {
+						report("mailbox %s: UID %d has no change log entry at MODSEQ %d (%v)", id, m.UID, m.ModSeq, err)
+					}
 				}
 				msgBlob[ref{id, m.UID}] = m.Blob
 			}
 			if err := it.Close(); err != nil {
 				return nil, wrap("scanning messages", err)
+			}
+		}
+		if h.floor > h.modSeq {
+			report("mailbox %s: expunge floor %d above HIGHESTMODSEQ %d", id, h.floor, h.modSeq)
+		}
+		for b := 0; h.floor > 0 && b <= bucketOf(uint64(h.floor)); b++ {
+			var ms, uid int64
+			err := e.read(ctx, `SELECT modseq, uid FROM changes WHERE mailbox = ? AND bucket = ? AND modseq <= ? LIMIT 1`,
+				id[:], b, h.floor).Scan(&ms, &uid)
+			if err == nil {
+				report("mailbox %s: change log entry of UID %d at MODSEQ %d, at or below the expunge floor %d", id, uid, ms, h.floor)
+			} else if !isDriverNotFound(err) {
+				return nil, wrap("scanning change log", err)
 			}
 		}
 		if count != h.messages || size != h.size {

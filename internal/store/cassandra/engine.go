@@ -21,7 +21,9 @@
 //     hide that operation's rows, so a half-applied operation is never seen.
 //
 // Partitions are bounded: messages and the change log are partitioned by
-// (mailbox, UID or MODSEQ >> bucketBits); blob bytes by (blob, chunk).
+// (mailbox, UID or MODSEQ >> bucketBits); blob bytes by (blob, chunk). The
+// change log's rows at or below a mailbox's expunge floor are deleted, so
+// its size follows the mailbox's recent activity (ops.go, pruneChanges).
 package cassandra
 
 import (
@@ -72,7 +74,12 @@ type Options struct {
 	// PendingBlobTTL is how long a blob may stay unreferenced before it is
 	// reclaimed (default 1 h): it must exceed the longest delivery.
 	PendingBlobTTL time.Duration
-	Logger         *slog.Logger
+	// ExpungeWindow is how many MODSEQs of a mailbox's change log an
+	// Expunge keeps at least (default 1024); older rows are deleted and
+	// the mailbox's ExpungeFloor raised (ops.go, pruneChanges), so the log
+	// follows a mailbox's recent activity, not every message it ever held.
+	ExpungeWindow uint64
+	Logger        *slog.Logger
 }
 
 func (o Options) withDefaults() Options {
@@ -99,6 +106,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.PendingBlobTTL == 0 {
 		o.PendingBlobTTL = time.Hour
+	}
+	if o.ExpungeWindow == 0 {
+		o.ExpungeWindow = 1024
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)

@@ -16,19 +16,22 @@ type head struct {
 	store.Mailbox
 	// raw counters as the last LWT left them (including pending)
 	uidNext, modSeq, messages, size int64
-	pending                         *op
-	pendingRaw                      []byte
-	recent                          [][]byte
+	// floor is the expunge floor as the last LWT left it; readers see it
+	// too, raised before the rows below it are deleted.
+	floor      int64
+	pending    *op
+	pendingRaw []byte
+	recent     [][]byte
 }
 
-const headColumns = `address, name, special_use, subscribed, uidvalidity, uidnext, modseq, messages, size, pending, recent`
+const headColumns = `address, name, special_use, subscribed, uidvalidity, uidnext, modseq, messages, size, pending, recent, expunge_floor`
 
 func scanHead(id store.ID, scan func(...any) error) (head, error) {
 	var h head
 	var addr, name, special *string
 	var sub *bool
-	var uv, un, ms, n, sz *int64
-	err := scan(&addr, &name, &special, &sub, &uv, &un, &ms, &n, &sz, &h.pendingRaw, &h.recent)
+	var uv, un, ms, n, sz, fl *int64
+	err := scan(&addr, &name, &special, &sub, &uv, &un, &ms, &n, &sz, &h.pendingRaw, &h.recent, &fl)
 	if err != nil {
 		return h, err
 	}
@@ -40,7 +43,9 @@ func scanHead(id store.ID, scan func(...any) error) (head, error) {
 	h.SpecialUse, h.Subscribed = deref(special), sub != nil && *sub
 	h.UIDValidity = uint32(deref(uv))
 	h.uidNext, h.modSeq, h.messages, h.size = *un, deref(ms), deref(n), deref(sz)
+	h.floor = deref(fl)
 	h.UIDNext, h.HighestModSeq, h.Messages, h.Size = uint32(h.uidNext), uint64(h.modSeq), uint32(h.messages), h.size
+	h.ExpungeFloor = uint64(h.floor)
 	if len(h.pendingRaw) > 0 {
 		o, err := decodeOp(h.pendingRaw)
 		if err != nil {

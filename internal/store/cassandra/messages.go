@@ -286,15 +286,24 @@ func (e *Engine) Expunge(ctx context.Context, mailbox store.ID, uids []uint32) (
 }
 
 // Changes reads the MODSEQ buckets in order up to the visible
-// HIGHESTMODSEQ (an operation still pending is hidden).
+// HIGHESTMODSEQ (an operation still pending is hidden). An expunge may
+// delete rows at or below its new floor while the buckets are read; it
+// raised the floor in the head first, so reading the head again after the
+// rows tells whether the answer may be partial.
 func (e *Engine) Changes(ctx context.Context, mailbox store.ID, since uint64, limit int) ([]store.Change, error) {
 	h, err := e.readHead(ctx, mailbox, false)
 	if err != nil {
 		return nil, err
 	}
+	if since < h.ExpungeFloor {
+		return nil, forgotten(mailbox, since, h.ExpungeFloor)
+	}
 	var out []store.Change
 	upper := h.HighestModSeq
-	for b := bucketOf(since + 1); since < upper && uint64(b) <= upper>>bucketBits && len(out) < limit; b++ {
+	if since >= upper {
+		return nil, nil
+	}
+	for b := bucketOf(since + 1); uint64(b) <= upper>>bucketBits && len(out) < limit; b++ {
 		it := e.read(ctx, `SELECT modseq, uid, kind FROM changes WHERE mailbox = ? AND bucket = ? AND modseq > ? AND modseq <= ? LIMIT ?`,
 			mailbox[:], b, int64(since), int64(upper), limit-len(out)).PageSize(1000).Iter()
 		var ms, uid int64
@@ -306,5 +315,15 @@ func (e *Engine) Changes(ctx context.Context, mailbox store.ID, since uint64, li
 			return nil, wrap("reading change log", err)
 		}
 	}
+	if h, err = e.readHead(ctx, mailbox, false); err != nil {
+		return nil, err
+	}
+	if since < h.ExpungeFloor {
+		return nil, forgotten(mailbox, since, h.ExpungeFloor)
+	}
 	return out, nil
+}
+
+func forgotten(mailbox store.ID, since, floor uint64) error {
+	return fmt.Errorf("mailbox %s since %d: %w below %d", mailbox, since, store.ErrExpungesForgotten, floor)
 }

@@ -46,7 +46,12 @@ const (
 	opExpunge
 )
 
-type counters struct{ UIDNext, ModSeq, Messages, Size int64 }
+// counters are a head's columns that an operation's LWT sets. Floor is
+// the expunge floor (store.Mailbox.ExpungeFloor).
+type counters struct {
+	UIDNext, ModSeq, Messages, Size int64
+	Floor                           int64 `json:",omitempty"`
+}
 
 // opMsg is one message an operation touches. OldModSeq locates the change
 // log row the operation supersedes (flags and expunge).
@@ -117,8 +122,11 @@ func (e *Engine) mutate(ctx context.Context, id store.ID, plan func(h head) (*op
 			return nil, err
 		}
 		o.ID, o.Started, o.ModSeq = store.NewID(), time.Now(), uint64(h.modSeq)+1
-		o.Before = counters{h.uidNext, h.modSeq, h.messages, h.size}
-		o.After.ModSeq = int64(o.ModSeq)
+		o.Before = counters{UIDNext: h.uidNext, ModSeq: h.modSeq, Messages: h.messages, Size: h.size, Floor: h.floor}
+		o.After.ModSeq, o.After.Floor = int64(o.ModSeq), h.floor
+		if o.Kind == opExpunge {
+			o.After.Floor = e.raisedFloor(h.floor, o.After.ModSeq)
+		}
 		raw, err := json.Marshal(o)
 		if err != nil {
 			return nil, err
@@ -127,9 +135,9 @@ func (e *Engine) mutate(ctx context.Context, id store.ID, plan func(h head) (*op
 		if len(recent) > recentOps {
 			recent = recent[:recentOps]
 		}
-		applied, err := e.cas(ctx, `UPDATE mailboxes SET uidnext = ?, modseq = ?, messages = ?, size = ?, pending = ?, recent = ?
+		applied, err := e.cas(ctx, `UPDATE mailboxes SET uidnext = ?, modseq = ?, messages = ?, size = ?, expunge_floor = ?, pending = ?, recent = ?
 			WHERE id = ? IF pending = null AND modseq = ? AND uidnext = ?`,
-			o.After.UIDNext, o.After.ModSeq, o.After.Messages, o.After.Size, raw, recent,
+			o.After.UIDNext, o.After.ModSeq, o.After.Messages, o.After.Size, o.After.Floor, raw, recent,
 			id[:], h.modSeq, h.uidNext).MapScanCAS(map[string]any{})
 		if err != nil {
 			applied, err = e.resolve(ctx, id, o, err)
@@ -234,6 +242,9 @@ func (e *Engine) apply(ctx context.Context, id store.ID, o *op) error {
 	if err := e.s.ExecuteBatch(changes); err != nil {
 		return wrap("writing change log", err)
 	}
+	if err := e.pruneChanges(ctx, id, o.Before.Floor, o.After.Floor, ts); err != nil {
+		return err
+	}
 	for _, q := range refs {
 		if err := q.Exec(); err != nil {
 			return wrap("writing references", err)
@@ -253,6 +264,45 @@ func (e *Engine) apply(ctx context.Context, id store.ID, o *op) error {
 			if err := e.releaseBlob(ctx, b); err != nil {
 				return err
 			}
+		}
+	}
+	return nil
+}
+
+// pruneBuckets bounds how many change log partitions one expunge deletes,
+// so a mailbox with a long history forgets it over its next expunges.
+const pruneBuckets = 64
+
+// raisedFloor is the expunge floor after an expunge at MODSEQ m in a
+// mailbox whose floor is floor. Once the log holds 2·ExpungeWindow MODSEQs
+// above the floor, the floor rises to m - ExpungeWindow, by at most
+// pruneBuckets partitions: the window is always kept, and the pruning is
+// paid once per ExpungeWindow MODSEQs rather than by every expunge.
+func (e *Engine) raisedFloor(floor, m int64) int64 {
+	w := int64(e.opts.ExpungeWindow)
+	if m < floor+2*w {
+		return floor
+	}
+	limit := int64(bucketOf(uint64(floor)+1)+pruneBuckets)<<bucketBits - 1
+	return min(m-w, limit)
+}
+
+// pruneChanges deletes the change log rows with MODSEQ in (from, to]: a
+// whole partition where the range covers it, else a range of rows. The
+// head's floor was raised to to by the operation's LWT, before any row
+// goes, so a reader that misses a row finds the floor raised (Changes).
+// Every row covered was written at its own MODSEQ, below ts, so the
+// deletes win over a late duplicate write, and repeating them (a
+// roll-forward) is harmless.
+func (e *Engine) pruneChanges(ctx context.Context, id store.ID, from, to int64, ts int64) error {
+	for b := bucketOf(uint64(from) + 1); from < to && b <= bucketOf(uint64(to)); b++ {
+		lo, hi := max(int64(b)<<bucketBits, 1), int64(b+1)<<bucketBits-1
+		q := e.write(ctx, `DELETE FROM changes WHERE mailbox = ? AND bucket = ? AND modseq > ? AND modseq <= ?`, id[:], b, from, to)
+		if from < lo && hi <= to {
+			q = e.write(ctx, `DELETE FROM changes WHERE mailbox = ? AND bucket = ?`, id[:], b)
+		}
+		if err := q.WithTimestamp(ts).Exec(); err != nil {
+			return wrap("pruning change log", err)
 		}
 	}
 	return nil

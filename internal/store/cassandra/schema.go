@@ -26,7 +26,8 @@ const chunkSize = 256 << 10
 const indexShards = 16
 
 // migrations are applied in order at Open. Every statement is idempotent
-// (IF NOT EXISTS) and every table is created WITH ID derived from its
+// (IF NOT EXISTS, or an ALTER TABLE ... ADD that runMigration skips when
+// the column exists) and every table is created WITH ID derived from its
 // keyspace and name, so that processes that migrate at the same moment
 // create identical schema instead of conflicting table IDs (a concurrent
 // CREATE TABLE with random IDs can leave the cluster in schema disagreement
@@ -88,6 +89,11 @@ var migrations = [][]string{
 		`CREATE TABLE IF NOT EXISTS pending_blobs (
 			shard int, id blob, created timestamp,
 			PRIMARY KEY (shard, id))`,
+	},
+	2: {
+		// expunge_floor is store.Mailbox.ExpungeFloor: the change log rows
+		// at or below it are deleted (ops.go, pruneChanges).
+		`ALTER TABLE mailboxes ADD expunge_floor bigint`,
 	},
 }
 
@@ -156,8 +162,7 @@ func (e *Engine) migrate(ctx context.Context) error {
 		}
 		next := cur + 1
 		for _, ddl := range migrations[next] {
-			ddl = withTableID(ks, ddl)
-			if err := e.s.Query(ddl).WithContext(ctx).Exec(); err != nil {
+			if err := e.runMigration(ctx, ddl); err != nil {
 				return wrap(fmt.Sprintf("migration %d", next), err)
 			}
 		}
@@ -175,6 +180,44 @@ func (e *Engine) migrate(ctx context.Context) error {
 		}
 		e.log.Info("cassandra schema migrated", "keyspace", ks, "version", next)
 	}
+}
+
+// runMigration runs one statement of a migration. CQL has no ALTER TABLE
+// ... ADD IF NOT EXISTS, so an added column that exists already (a re-run,
+// or another process migrating at the same moment) counts as added.
+func (e *Engine) runMigration(ctx context.Context, ddl string) error {
+	table, column, ok := addedColumn(ddl)
+	if !ok {
+		return e.s.Query(withTableID(e.opts.Keyspace, ddl)).WithContext(ctx).Exec()
+	}
+	exists := func() (bool, error) {
+		var name string
+		err := e.s.Query(`SELECT column_name FROM system_schema.columns WHERE keyspace_name = ? AND table_name = ? AND column_name = ?`,
+			e.opts.Keyspace, table, column).WithContext(ctx).Consistency(gocql.One).Scan(&name)
+		if err == gocql.ErrNotFound {
+			return false, nil
+		}
+		return err == nil, err
+	}
+	if ok, err := exists(); ok || err != nil {
+		return err
+	}
+	err := e.s.Query(ddl).WithContext(ctx).Exec()
+	if err != nil {
+		if ok, _ := exists(); ok {
+			return nil
+		}
+	}
+	return err
+}
+
+// addedColumn parses "ALTER TABLE t ADD c type".
+func addedColumn(ddl string) (table, column string, ok bool) {
+	f := strings.Fields(ddl)
+	if len(f) != 6 || !strings.EqualFold(f[0], "ALTER") || !strings.EqualFold(f[1], "TABLE") || !strings.EqualFold(f[3], "ADD") {
+		return "", "", false
+	}
+	return f[2], f[4], true
 }
 
 // withTableID appends WITH ID = ... to a CREATE TABLE statement.

@@ -722,3 +722,76 @@ func testConcurrentAppend(t *testing.T, s store.Store) {
 		}
 	}
 }
+
+// ExpungeFloor is the conformance test of a change log that forgets old
+// expunges. s's engine must keep window MODSEQs of expunges (an engine
+// option), and entries must count every change log entry the engine still
+// holds for a mailbox. It runs POP3's pattern (deliver, then expunge) 100
+// times through a mailbox that also keeps one flagged message, and checks
+// that:
+//   - the log stays within 2·window entries plus the mailbox's messages;
+//   - the floor rose and trails HIGHESTMODSEQ by less than 2·window;
+//   - Changes from below the floor fails with ErrExpungesForgotten, never
+//     a partial log;
+//   - Changes from the floor reports every expunge above it at its MODSEQ;
+//   - the message below the floor is still listed, and Check is clean.
+//
+// It returns the mailbox as it ends; the caller closes s.
+func ExpungeFloor(t *testing.T, s store.Store, window uint64, entries func(mailbox store.ID) int) store.Mailbox {
+	t.Helper()
+	mustUser(t, s, "floor@example.test", 0)
+	inbox := mustMailbox(t, s, "floor@example.test", "INBOX")
+	kept := mustAppend(t, s, inbox.ID, "kept\r\n")[0]
+	if _, err := s.SetFlags(ctx(), inbox.ID, store.FlagChange{UIDs: []uint32{kept.UID}, Op: store.FlagsAdd, Flags: []string{store.FlagSeen}}); err != nil {
+		t.Fatal(err)
+	}
+	expungedAt := map[uint32]uint64{}
+	for i := range 100 {
+		m := mustAppend(t, s, inbox.ID, "churn\r\n")[0]
+		gone, modseq, err := s.Expunge(ctx(), inbox.ID, []uint32{m.UID})
+		if err != nil || len(gone) != 1 {
+			t.Fatalf("round %d: expunge = %v, %v", i, gone, err)
+		}
+		expungedAt[m.UID] = modseq
+		if n := entries(inbox.ID); n > int(2*window)+1 {
+			t.Fatalf("round %d: %d change log entries kept, want at most %d", i, n, 2*window+1)
+		}
+	}
+	mb, err := s.GetMailboxByID(ctx(), inbox.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mb.ExpungeFloor == 0 || mb.ExpungeFloor+2*window <= mb.HighestModSeq {
+		t.Fatalf("floor %d with highest modseq %d, window %d", mb.ExpungeFloor, mb.HighestModSeq, window)
+	}
+	if _, err := s.Changes(ctx(), inbox.ID, mb.ExpungeFloor-1, 1000); !errors.Is(err, store.ErrExpungesForgotten) {
+		t.Fatalf("changes since %d below the floor %d: %v, want ErrExpungesForgotten", mb.ExpungeFloor-1, mb.ExpungeFloor, err)
+	}
+	changes, err := s.Changes(ctx(), inbox.ID, mb.ExpungeFloor, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reported := map[uint32]uint64{}
+	for _, c := range changes {
+		if c.Kind == store.ChangeExpunged {
+			reported[c.UID] = c.ModSeq
+		}
+	}
+	for uid, ms := range expungedAt {
+		if got, ok := reported[uid]; ms > mb.ExpungeFloor && (!ok || got != ms) {
+			t.Errorf("uid %d expunged at %d above the floor %d: reported %v at %d", uid, ms, mb.ExpungeFloor, ok, got)
+		}
+	}
+	msgs, err := s.ListMessages(ctx(), inbox.ID, 1, 10)
+	if err != nil || len(msgs) != 1 || msgs[0].UID != kept.UID || msgs[0].ModSeq > mb.ExpungeFloor {
+		t.Fatalf("messages = %+v, %v; want UID %d below the floor", msgs, err, kept.UID)
+	}
+	problems, err := s.Check(ctx())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Error(p)
+	}
+	return mb
+}
