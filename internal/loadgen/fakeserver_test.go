@@ -215,7 +215,10 @@ func (s *fakeServer) smtpSession(r *bufio.Reader, w *bufio.Writer) bool {
 func (s *fakeServer) pop3Session(r *bufio.Reader, w *bufio.Writer) bool {
 	send := func(line string) bool {
 		w.WriteString(line + "\r\n")
-		return w.Flush() == nil
+		if r.Buffered() == 0 {
+			return w.Flush() == nil
+		}
+		return true
 	}
 	send("+OK fake POP3")
 	var user string
@@ -235,7 +238,19 @@ func (s *fakeServer) pop3Session(r *bufio.Reader, w *bufio.Writer) bool {
 			return false
 		}
 		verb, arg, _ := strings.Cut(strings.TrimRight(line, "\r\n"), " ")
+		if s.noPipe && r.Buffered() > 0 {
+			// RFC 2449 section 6.6: without PIPELINING the client waits.
+			s.t.Errorf("pop3: %s pipelined though PIPELINING was not advertised", verb)
+			send("-ERR pipelined")
+			return false
+		}
 		switch strings.ToUpper(verb) {
+		case "CAPA":
+			w.WriteString("+OK\r\nUSER\r\nRESP-CODES\r\n")
+			if !s.noPipe {
+				w.WriteString("PIPELINING\r\n")
+			}
+			send(".")
 		case "USER":
 			user = arg
 			send("+OK")

@@ -151,9 +151,21 @@ func mixAgainst(t *testing.T, s *fakeServer, mut func(*MixConfig)) MixSummary {
 	return sum
 }
 
+// TestRunMixMeasuresDelivery runs the mix against a server that pipelines
+// POP3 and one that does not, which fails the test if the client pipelines
+// anyway.
 func TestRunMixMeasuresDelivery(t *testing.T) {
-	s := newFakeServer(t)
-	sum := mixAgainst(t, s, nil)
+	for _, pipelining := range []bool{true, false} {
+		t.Run(map[bool]string{true: "pipelining", false: "lock-step"}[pipelining], func(t *testing.T) {
+			s := newFakeServer(t)
+			s.noPipe = !pipelining
+			checkMix(t, s, mixAgainst(t, s, nil))
+		})
+	}
+}
+
+func checkMix(t *testing.T, s *fakeServer, sum MixSummary) {
+	t.Helper()
 	if sum.SMTP.Acked == 0 || sum.SMTP.Rejected+sum.SMTP.NoReply != 0 {
 		t.Fatalf("smtp: %+v", sum.SMTP)
 	}

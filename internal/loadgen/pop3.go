@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -97,6 +98,62 @@ func (p *pop3Conn) cmd(line string) (string, error) {
 		return "", err
 	}
 	return p.status()
+}
+
+// pipelining asks for the server's capabilities (RFC 2449 section 5) and
+// reports whether they include PIPELINING. A -ERR, from a server without
+// CAPA, means no.
+func (p *pop3Conn) pipelining() bool {
+	if _, err := p.cmd("CAPA"); err != nil {
+		return false
+	}
+	capa, err := readMultiline(p.r, nil, maxPOP3Status*64)
+	if err != nil {
+		return false
+	}
+	for line := range bytes.SplitSeq(capa, []byte("\r\n")) {
+		if name, _, _ := bytes.Cut(line, []byte(" ")); string(bytes.ToUpper(name)) == "PIPELINING" {
+			return true
+		}
+	}
+	return false
+}
+
+// pipeline sends commands cmd(0) to cmd(n-1) and hands each +OK reply's
+// text, in order, to reply, which reads any multi-line body that follows.
+// Up to window commands go out in one write ahead of their replies; a
+// window of 1 is the lock-step of RFC 1939. The first -ERR or error from
+// reply stops it, labelled with the command's verb; commands already sent
+// after it are left unanswered, so the caller must end the session.
+func (p *pop3Conn) pipeline(n, window int, cmd func(k int) string, reply func(k int, status string) error) error {
+	sent := 0
+	for k := 0; k < n; k++ {
+		if sent == k {
+			p.arm()
+			for ; sent < n && sent < k+window; sent++ {
+				p.w.WriteString(cmd(sent))
+				p.w.WriteString("\r\n")
+			}
+			if err := p.w.Flush(); err != nil {
+				return fmt.Errorf("pop3 %s: %w", verb(cmd(k)), err)
+			}
+		}
+		status, err := p.status()
+		if err == nil {
+			err = reply(k, status)
+		}
+		if err != nil {
+			return fmt.Errorf("pop3 %s: %w", verb(cmd(k)), err)
+		}
+	}
+	return nil
+}
+
+// verb is a command line's first word, for errors: never its arguments,
+// which may be a password.
+func verb(line string) string {
+	v, _, _ := strings.Cut(line, " ")
+	return v
 }
 
 func (p *pop3Conn) status() (string, error) {

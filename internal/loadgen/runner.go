@@ -231,7 +231,7 @@ func newRecord(m *Message, res txResult, lat time.Duration) *Record {
 		Seq:      m.Seq,
 		Rcpts:    append([]string(nil), m.Rcpts...),
 		Accepted: append([]bool(nil), res.accepted...),
-		Sum:      m.Sum,
+		Sum:      m.Sum(),
 		Size:     len(m.Data),
 		Outcome:  res.outcome,
 		Code:     res.code,
