@@ -86,24 +86,53 @@ func (e *Engine) Append(ctx context.Context, mailbox store.ID, msgs []store.NewM
 	return out, nil
 }
 
+// ListMessages reads the mailbox record and the messages through one
+// iterator, so both come from the same sequence number. When every present
+// message fits in limit it walks the range downwards and stops once it has
+// the record's count: the expunged messages' tombstones, which sit below
+// the present ones until a compaction drops them, are never visited. Under
+// POP3's retrieve-and-delete that walk was most of a login's cost.
 func (e *Engine) ListMessages(ctx context.Context, mailbox store.ID, from uint32, limit int) ([]store.Message, error) {
-	p := messagePrefix(mailbox)
-	it, err := e.db.NewIter(&pebble.IterOptions{
-		LowerBound: binary.BigEndian.AppendUint32(append([]byte(nil), p...), from),
-		UpperBound: prefixEnd(p),
-	})
+	mk := mailboxKey(mailbox)
+	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: mk, UpperBound: append(mk[:len(mk):len(mk)], 0)})
 	if err != nil {
 		return nil, err
 	}
 	defer it.Close()
-	var out []store.Message
-	for it.First(); it.Valid() && len(out) < limit; it.Next() {
-		uid := binary.BigEndian.Uint32(it.Key()[len(p):])
-		m, err := decodeMessage(uid, it.Value())
+	present := -1 // unknown
+	if it.First() {
+		m, err := decodeMailbox(it.Value())
 		if err != nil {
 			return nil, err
 		}
+		present = int(m.Messages)
+	}
+	if err := it.Error(); err != nil {
+		return nil, err
+	}
+	p := messagePrefix(mailbox)
+	it.SetBounds(binary.BigEndian.AppendUint32(append([]byte(nil), p...), from), prefixEnd(p))
+	var out []store.Message
+	add := func() error {
+		m, err := decodeMessage(binary.BigEndian.Uint32(it.Key()[len(p):]), it.Value())
 		out = append(out, m)
+		return err
+	}
+	if present >= 0 && present <= limit {
+		// Never step past the last one needed: that Prev would walk the
+		// tombstones below it.
+		for ok := present > 0 && it.Last(); ok; ok = len(out) < present && it.Prev() {
+			if err := add(); err != nil {
+				return nil, err
+			}
+		}
+		slices.Reverse(out)
+	} else {
+		for it.First(); it.Valid() && len(out) < limit; it.Next() {
+			if err := add(); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if err := it.Error(); err != nil {
 		return nil, err

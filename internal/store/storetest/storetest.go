@@ -39,6 +39,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"Quota", testQuota},
 		{"Flags", testFlags},
 		{"Expunge", testExpunge},
+		{"ListAroundExpunged", testListAroundExpunged},
 		{"SharedBlob", testSharedBlob},
 		{"InlineBody", testInlineBody},
 		{"DeleteUser", testDeleteUser},
@@ -513,6 +514,61 @@ func testExpunge(t *testing.T, s store.Store) {
 	}
 	if gone, _, err := s.Expunge(ctx(), inbox.ID, []uint32{1}); err != nil || len(gone) != 0 {
 		t.Fatalf("second expunge = %v, %v", gone, err)
+	}
+}
+
+// testListAroundExpunged: ListMessages returns exactly the present
+// messages with UID >= from, ascending, at most limit of them, whatever the
+// expunged UIDs below, between and above them and however from and limit
+// cut the range. Engines may walk the range either way; this pins both.
+func testListAroundExpunged(t *testing.T, s store.Store) {
+	const u = "lea@example.test"
+	mustUser(t, s, u, 0)
+	inbox := mustMailbox(t, s, u, "INBOX")
+	bodies := make([]string, 20)
+	for i := range bodies {
+		bodies[i] = fmt.Sprintf("message %d\r\n", i+1)
+	}
+	mustAppend(t, s, inbox.ID, bodies...)
+	gone := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 12, 20}
+	if got, _, err := s.Expunge(ctx(), inbox.ID, gone); err != nil || len(got) != len(gone) {
+		t.Fatalf("Expunge = %v, %v", got, err)
+	}
+	var present []uint32
+	for uid := uint32(1); uid <= 20; uid++ {
+		if !slices.Contains(gone, uid) {
+			present = append(present, uid)
+		}
+	}
+	for _, from := range []uint32{0, 1, 8, 9, 10, 12, 13, 19, 20, 21} {
+		for _, limit := range []int{0, 1, 3, 8, 9, 10, 1000} {
+			var want []uint32
+			for _, uid := range present {
+				if uid >= from && len(want) < limit {
+					want = append(want, uid)
+				}
+			}
+			msgs, err := s.ListMessages(ctx(), inbox.ID, from, limit)
+			if err != nil {
+				t.Fatalf("ListMessages(%d, %d): %v", from, limit, err)
+			}
+			var got []uint32
+			for _, m := range msgs {
+				got = append(got, m.UID)
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("ListMessages(%d, %d) = %v, want %v", from, limit, got, want)
+			}
+		}
+	}
+	if got, _, err := s.Expunge(ctx(), inbox.ID, present); err != nil || len(got) != len(present) {
+		t.Fatalf("Expunge the rest = %v, %v", got, err)
+	}
+	if msgs, err := s.ListMessages(ctx(), inbox.ID, 1, 1000); err != nil || len(msgs) != 0 {
+		t.Fatalf("ListMessages of an emptied mailbox = %+v, %v", msgs, err)
+	}
+	if msgs, err := s.ListMessages(ctx(), store.NewID(), 1, 1000); err != nil || len(msgs) != 0 {
+		t.Fatalf("ListMessages of no mailbox = %+v, %v", msgs, err)
 	}
 }
 
