@@ -136,6 +136,10 @@ func (t *txn) del(k []byte) {
 // deletePrefix deletes every key with prefix p. Reads of such keys within
 // the same transaction are not supported (callers never need them).
 func (t *txn) deletePrefix(p []byte) {
+	if t.e.cacheOf(p) != nil {
+		// The caches see point writes only (hotCache).
+		panic(fmt.Sprintf("embedded: prefix delete in cached table %q", p[0]))
+	}
 	t.ops = append(t.ops, op{key: p, rangeEnd: prefixEnd(p)})
 }
 
