@@ -145,6 +145,9 @@ func (s *session) writeBinary(m mailbox.Message, body mailbox.BodyReader, sum *m
 	if hasNUL {
 		e.raw("~")
 	}
+	if err := s.conn.GrowWriteBuffer(bodyBufSize); err != nil {
+		return err
+	}
 	e.raw("{").num64(uint64(n)).raw("}\r\n")
 	dr := decodeCTE(io.NewSectionReader(body, r.Start, r.Len()), enc)
 	if _, err := io.CopyN(io.Discard, dr, off); err != nil {

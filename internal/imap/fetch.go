@@ -612,8 +612,17 @@ func readRange(body io.ReaderAt, r mime.Range, max int64) ([]byte, error) {
 	return buf, nil
 }
 
+// bodyBufSize is what a session's output buffer grows to once it sends a
+// message body (textconn.Conn.GrowWriteBuffer): the literals of a FETCH
+// over many messages then share network writes instead of taking one or
+// more each.
+const bodyBufSize = 32 << 10
+
 // literalFrom writes n octets of r from off as a literal.
 func (s *session) literalFrom(r io.ReaderAt, off, n int64) error {
+	if err := s.conn.GrowWriteBuffer(bodyBufSize); err != nil {
+		return err
+	}
 	s.enc.raw("{").num64(uint64(n)).raw("}\r\n")
 	if n == 0 {
 		return nil

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -202,3 +203,62 @@ func BenchmarkRetr(b *testing.B) {
 }
 
 var _ io.Writer = (*lockedBuffer)(nil)
+
+// RFC 2449 section 6.6: responses to pipelined retrievals go out together,
+// in one network write once the pipelined commands are all answered, not in
+// one or more writes per message.
+func TestPipelinedRetrievalsShareWrites(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := &writeCountingListener{Listener: ln}
+	// Each larger than the connection's initial 4 KiB buffer, together
+	// smaller than what it grows to.
+	b := newMemBackend()
+	body := "Subject: x\r\n\r\n" + strings.Repeat("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcde\r\n", 96)
+	b.addUser("frank", "pw", memMessage{uid: "f-1", body: body}, memMessage{uid: "f-2", body: body}, memMessage{uid: "f-3", body: body})
+	addr := serveListener(t, &Server{Hostname: "pop.test", Backend: b, Logger: testLogger(t)}, cl)
+	c := dial(t, addr, nil)
+	c.readLine()
+	c.send("USER frank")
+	c.response("USER")
+	c.send("PASS pw")
+	c.response("PASS")
+	before := cl.writes.Load()
+	c.send("RETR 1\r\nRETR 2\r\nRETR 3")
+	for _, n := range []string{"1", "2", "3"} {
+		if r := c.response("RETR " + n); !strings.HasPrefix(r[0], "+OK") || r[len(r)-1] != "." {
+			t.Fatalf("RETR %s: %q", n, r)
+		}
+	}
+	if got := cl.writes.Load() - before; got != 1 {
+		t.Errorf("three pipelined RETR took %d network writes, want 1", got)
+	}
+	c.send("QUIT")
+	c.response("QUIT")
+}
+
+// writeCountingListener counts the writes on every connection it accepts.
+type writeCountingListener struct {
+	net.Listener
+	writes atomic.Int64
+}
+
+func (l *writeCountingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return writeCountingConn{c, &l.writes}, nil
+}
+
+type writeCountingConn struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+func (c writeCountingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
+}

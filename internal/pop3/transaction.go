@@ -1,7 +1,6 @@
 package pop3
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -9,8 +8,11 @@ import (
 	"strconv"
 )
 
-// copyBufSize is the RETR/TOP copy buffer: large enough that a 1 MB message
-// takes few storage reads, small enough to keep per-session memory low.
+// copyBufSize is the RETR/TOP copy buffer and the size the connection's
+// output buffer grows to at the first retrieval: large enough that a 1 MB
+// message takes few storage reads and that several pipelined responses
+// (RFC 2449 section 6.6) share one network write, small enough to keep
+// per-session memory low.
 const copyBufSize = 32 << 10
 
 // stat counts the messages not marked deleted and their octets.
@@ -102,7 +104,7 @@ func (s *session) cmdRetr(ctx context.Context, cmd Command) error {
 	if err != nil {
 		return err
 	}
-	return s.send(ctx, i, fmt.Sprintf("+OK %d octets", s.msgs[i].Size), newDotWriter(s.bodyWriter()))
+	return s.send(ctx, i, fmt.Sprintf("+OK %d octets", s.msgs[i].Size), newDotWriter(s.conn))
 }
 
 // cmdTop: RFC 1939 section 7, "TOP msg n": the header, the blank line and
@@ -119,18 +121,7 @@ func (s *session) cmdTop(ctx context.Context, cmd Command) error {
 	if !ok {
 		return errSyntax
 	}
-	return s.send(ctx, i, "+OK top of message follows", newTopWriter(s.bodyWriter(), lines))
-}
-
-// bodyWriter returns the session's buffer for message bodies, in front of
-// the connection's own small one: the dot-stuffer writes a line at a time,
-// and a copyBufSize buffer turns a typical message into one or two writes
-// to the socket instead of one per 4 KiB.
-func (s *session) bodyWriter() *bufio.Writer {
-	if s.body == nil {
-		s.body = bufio.NewWriterSize(s.conn, copyBufSize)
-	}
-	return s.body
+	return s.send(ctx, i, "+OK top of message follows", newTopWriter(s.conn, lines))
 }
 
 // send streams message i through w after the status line. Once the status
@@ -143,20 +134,22 @@ func (s *session) send(ctx context.Context, i int, status string, w *dotWriter) 
 		return fmt.Errorf("pop3: retrieve message %d: %w", i+1, err)
 	}
 	defer rc.Close()
-	s.writeLine(status)
 	if s.copyBuf == nil {
 		s.copyBuf = make([]byte, copyBufSize)
+		if err := s.conn.GrowWriteBuffer(copyBufSize); err != nil {
+			s.log.Debug("pop3: write failed", "err", err)
+			return errAbort
+		}
 	}
+	s.writeLine(status)
 	_, err = io.CopyBuffer(w, rc, s.copyBuf)
 	if err == nil || errors.Is(err, errTopDone) {
 		err = w.Close()
 	}
-	// What was produced goes out even after a failure: the client sees a
-	// truncated response.
-	if ferr := s.body.Flush(); err == nil {
-		err = ferr
-	}
 	if err != nil {
+		// What was produced goes out: the client sees a truncated
+		// response.
+		_ = s.conn.Flush()
 		s.log.Warn("pop3: sending message failed", "msg", i+1, "err", err)
 		return errAbort
 	}

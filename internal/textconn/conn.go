@@ -237,6 +237,23 @@ func (c *Conn) Write(p []byte) (int, error) { return c.bw.Write(p) }
 // WriteString buffers s.
 func (c *Conn) WriteString(s string) (int, error) { return c.bw.WriteString(s) }
 
+// GrowWriteBuffer makes the output buffer at least n octets, for a session
+// that is about to send message bodies: replies to pipelined retrievals
+// then share network writes instead of taking one or more each. Anything
+// already buffered is flushed first (one write; nothing is at the usual
+// call site, after a drained burst). The buffer never shrinks, so only
+// sessions that retrieve pay for it.
+func (c *Conn) GrowWriteBuffer(n int) error {
+	if c.bw.Size() >= n {
+		return nil
+	}
+	if err := c.bw.Flush(); err != nil {
+		return err
+	}
+	c.bw = bufio.NewWriterSize(deadlineWriter{c}, n)
+	return nil
+}
+
 // Flush writes buffered output, each network write bounded by WriteTimeout.
 // A stream installed by Wrap that has a Flush() error method is flushed
 // too, after any output since its last flush.

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
 )
 
 // pipe returns a server-side Conn and the client end of a real loopback
@@ -336,5 +338,43 @@ func TestLimiterPeersWithoutIP(t *testing.T) {
 	releases[0]() // idempotent
 	if _, ok := l.Acquire(netip.Addr{}); !ok {
 		t.Fatal("slot not released")
+	}
+}
+
+// sent returns the bytes m counted as sent.
+func sent(m *Metrics) float64 {
+	var d dto.Metric
+	_ = m.bytesOut.Write(&d)
+	return value(&d)
+}
+
+// GrowWriteBuffer sends what was buffered before it, then holds a burst
+// larger than the initial buffer until Flush, which sends it in order.
+func TestGrowWriteBuffer(t *testing.T) {
+	m := NewMetrics(nil, "grow")
+	c, client := pipe(t, Options{WriteTimeout: 10 * time.Second, Metrics: m})
+	_, _ = c.WriteString("first\r\n")
+	if err := c.GrowWriteBuffer(64 << 10); err != nil {
+		t.Fatal(err)
+	}
+	if got := sent(m); got != 7 {
+		t.Fatalf("%v bytes sent by GrowWriteBuffer, want the 7 buffered", got)
+	}
+	burst := strings.Repeat("x", 40<<10) + "\r\n"
+	_, _ = c.WriteString(burst)
+	if got := sent(m); got != 7 {
+		t.Fatalf("%v bytes sent before Flush, want 7", got)
+	}
+	if err := c.GrowWriteBuffer(1024); err != nil || sent(m) != 7 {
+		t.Fatalf("a smaller size changed the buffer: %v", err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReaderSize(client, 64<<10)
+	for _, want := range []string{"first\r\n", burst} {
+		if got, err := r.ReadString('\n'); err != nil || got != want {
+			t.Fatalf("client got %d bytes, %v; want %d", len(got), err, len(want))
+		}
 	}
 }
