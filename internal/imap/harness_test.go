@@ -227,11 +227,18 @@ func startServer(t testing.TB, srv *Server, remote netip.Addr) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
 	var l net.Listener = ln
 	if remote.IsValid() {
 		l = fakeRemoteListener{ln, remote}
 	}
+	return serveListener(t, srv, l)
+}
+
+// serveListener serves srv on l and stops it when the test ends, requiring
+// a clean Shutdown.
+func serveListener(t testing.TB, srv *Server, l net.Listener) string {
+	t.Helper()
+	addr := l.Addr().String()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
 	t.Cleanup(func() {

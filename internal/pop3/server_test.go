@@ -10,8 +10,9 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"sync/atomic"
 	"testing"
+
+	"quill/internal/textconn/textconntest"
 	"time"
 )
 
@@ -212,7 +213,7 @@ func TestPipelinedRetrievalsShareWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl := &writeCountingListener{Listener: ln}
+	cl := &textconntest.WriteCountingListener{Listener: ln}
 	// Each larger than the connection's initial 4 KiB buffer, together
 	// smaller than what it grows to.
 	b := newMemBackend()
@@ -225,40 +226,16 @@ func TestPipelinedRetrievalsShareWrites(t *testing.T) {
 	c.response("USER")
 	c.send("PASS pw")
 	c.response("PASS")
-	before := cl.writes.Load()
+	before := cl.Writes()
 	c.send("RETR 1\r\nRETR 2\r\nRETR 3")
 	for _, n := range []string{"1", "2", "3"} {
 		if r := c.response("RETR " + n); !strings.HasPrefix(r[0], "+OK") || r[len(r)-1] != "." {
 			t.Fatalf("RETR %s: %q", n, r)
 		}
 	}
-	if got := cl.writes.Load() - before; got != 1 {
+	if got := cl.Writes() - before; got != 1 {
 		t.Errorf("three pipelined RETR took %d network writes, want 1", got)
 	}
 	c.send("QUIT")
 	c.response("QUIT")
-}
-
-// writeCountingListener counts the writes on every connection it accepts.
-type writeCountingListener struct {
-	net.Listener
-	writes atomic.Int64
-}
-
-func (l *writeCountingListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return writeCountingConn{c, &l.writes}, nil
-}
-
-type writeCountingConn struct {
-	net.Conn
-	writes *atomic.Int64
-}
-
-func (c writeCountingConn) Write(p []byte) (int, error) {
-	c.writes.Add(1)
-	return c.Conn.Write(p)
 }
