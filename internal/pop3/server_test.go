@@ -11,9 +11,9 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"quill/internal/textconn/textconntest"
-	"time"
 )
 
 func TestServeRejectsBadConfig(t *testing.T) {
