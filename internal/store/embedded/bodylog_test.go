@@ -157,6 +157,38 @@ func TestLogCleaning(t *testing.T) {
 	}
 }
 
+// TestLogCleaningInBatches: a segment whose live bodies exceed one
+// cleaning transaction's bound is moved in several, which share one read
+// buffer; every body must arrive intact.
+func TestLogCleaningInBatches(t *testing.T) {
+	dir := t.TempDir()
+	opts := Options{LogSegmentBytes: 2 << 20}
+	e, err := Open(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	box, bodies := deliverN(t, e, "u@example.test", 1500, 4000)
+	// 40% live: sparse, and over moveBatchBytes in each sealed segment.
+	expungeUnless(t, e, box, bodies, func(uid uint32) bool { return uid%5 < 2 })
+	if err := e.cleanLog(true); err != nil {
+		t.Fatal(err)
+	}
+	st := e.blog.stats()
+	if st.moved < 2*moveBatchBytes {
+		t.Errorf("moved %d bytes; want more than two batches' %d", st.moved, 2*moveBatchBytes)
+	}
+	verifyBodies(t, e, box, bodies)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e, err = Open(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	verifyBodies(t, e, box, bodies)
+}
+
 // TestLogReuse: the files of deleted segments become later segments; what
 // they held before, records or header, is never taken for the new
 // segment's, whether the store closed or lost power; and a spare renamed

@@ -164,12 +164,17 @@ func (e *Engine) moveLive(s *segment) error {
 	}
 	var batch []live
 	var bytes int64
+	// arena holds the batch's bodies back to back. The committer copies
+	// them into the log record before update returns (update waits for the
+	// outcome of a queued transaction), so it and batch are reused
+	// for the next batch.
+	var arena []byte
 	flush := func() error {
 		if len(batch) == 0 {
 			return nil
 		}
 		moving := batch
-		batch, bytes = nil, 0
+		batch, bytes, arena = batch[:0], 0, arena[:0]
 		var moved int64
 		err := e.update(context.Background(), func(t *txn) error {
 			for _, m := range moving {
@@ -219,7 +224,9 @@ func (e *Engine) moveLive(s *segment) error {
 		if r.Seg != s.id {
 			continue
 		}
-		body := make([]byte, r.Size)
+		start := len(arena)
+		arena = slices.Grow(arena, int(r.Size))[:start+int(r.Size)]
+		body := arena[start:]
 		if n, err := s.f.ReadAt(body, r.Off); int64(n) < r.Size {
 			return fmt.Errorf("blob %s: short in log segment %s: %v: %w", id, segName(s.id), err, errCorrupt)
 		}
