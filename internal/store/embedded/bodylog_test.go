@@ -87,6 +87,23 @@ func verifyBodies(t *testing.T, e *Engine, box store.ID, bodies map[uint32]strin
 	}
 }
 
+// reopenVerified checks the bodies, closes e, reopens the store and checks
+// them again. The test's cleanup closes the engine it returns.
+func reopenVerified(t *testing.T, e *Engine, dir string, opts Options, box store.ID, bodies map[uint32]string) *Engine {
+	t.Helper()
+	verifyBodies(t, e, box, bodies)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e, err := Open(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	verifyBodies(t, e, box, bodies)
+	return e
+}
+
 // TestLogCleaning: once most messages are expunged, a cleaning pass copies
 // the survivors forward and deletes the sparse segments; a reader that
 // opened a body before it moved keeps reading it; and all of it holds
@@ -141,17 +158,7 @@ func TestLogCleaning(t *testing.T) {
 	if err != nil || string(got) != bodies[4] {
 		t.Fatalf("reader opened before the move: %d bytes, %v", len(got), err)
 	}
-	verifyBodies(t, e, box, bodies)
-	if err := e.Close(); err != nil {
-		t.Fatal(err)
-	}
-
-	e, err = Open(dir, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	verifyBodies(t, e, box, bodies)
+	e = reopenVerified(t, e, dir, opts, box, bodies)
 	if st := e.blog.stats(); st.live != keptBytes {
 		t.Errorf("after reopening, live bytes %d, want %d", st.live, keptBytes)
 	}
@@ -177,16 +184,7 @@ func TestLogCleaningInBatches(t *testing.T) {
 	if st.moved < 2*moveBatchBytes {
 		t.Errorf("moved %d bytes; want more than two batches' %d", st.moved, 2*moveBatchBytes)
 	}
-	verifyBodies(t, e, box, bodies)
-	if err := e.Close(); err != nil {
-		t.Fatal(err)
-	}
-	e, err = Open(dir, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	verifyBodies(t, e, box, bodies)
+	reopenVerified(t, e, dir, opts, box, bodies)
 }
 
 // TestLogReuse: the files of deleted segments become later segments; what
