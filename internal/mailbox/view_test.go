@@ -216,3 +216,39 @@ func TestViewPastForgottenExpunges(t *testing.T) {
 		t.Fatalf("a: UIDs %v, updates %+v", a.UIDs(), up)
 	}
 }
+
+// A STORE and an EXPUNGE that change more messages than one page of the
+// change log reach another view whole: the store never ends a page inside
+// a MODSEQ.
+func TestViewPollLargeChange(t *testing.T) {
+	const n = pageSize + 100
+	m, _, _ := imapSetup(t, n)
+	ctx := context.Background()
+	a, _, err := m.User("u").Select(ctx, "INBOX", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, _, err := m.User("u").Select(ctx, "INBOX", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	m0 := b.HighestModSeq()
+	uids := a.UIDs()
+	if _, err := a.SetFlags(ctx, uids, FlagsAdd, []string{`\Seen`}); err != nil {
+		t.Fatal(err)
+	}
+	if up, err := b.Poll(ctx, true); err != nil || len(up.Flags) != n {
+		t.Fatalf("poll after STORE to %d messages: %d flag updates, %v", n, len(up.Flags), err)
+	}
+	if _, changed, err := b.ChangesSince(ctx, m0); err != nil || len(changed) != n {
+		t.Fatalf("changes since %d: %d changed, %v; want %d", m0, len(changed), err, n)
+	}
+	if err := a.Expunge(ctx, uids[:n-1]); err != nil {
+		t.Fatal(err)
+	}
+	if up, err := b.Poll(ctx, true); err != nil || len(up.Expunged) != n-1 || b.Len() != 1 {
+		t.Fatalf("poll after EXPUNGE of %d: %d expunged, %d left, %v", n-1, len(up.Expunged), b.Len(), err)
+	}
+}

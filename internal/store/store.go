@@ -281,8 +281,12 @@ type Store interface {
 	// Expunge removes the given UIDs (missing ones are ignored) and returns
 	// the UIDs removed, ascending, and the ModSeq of the expunge.
 	Expunge(ctx context.Context, mailbox ID, uids []uint32) ([]uint32, uint64, error)
-	// Changes returns up to limit change log entries with ModSeq > since,
-	// ascending. The log holds each UID's latest change only, and an
+	// Changes returns change log entries with ModSeq > since, ascending
+	// by (ModSeq, UID): up to limit of them, and more only to finish the
+	// last MODSEQ it reaches, so that a caller paging by that entry's
+	// ModSeq never skips the rest of a MODSEQ (one STORE or EXPUNGE can
+	// change any number of messages at one MODSEQ). The log holds each
+	// UID's latest change only, and an
 	// engine may forget the changes at or below the mailbox's
 	// ExpungeFloor (RFC 7162 section 5 lets a server forget expunges); a
 	// since below the floor fails with ErrExpungesForgotten, never with a

@@ -315,6 +315,20 @@ func (e *Engine) Changes(ctx context.Context, mailbox store.ID, since uint64, li
 			return nil, wrap("reading change log", err)
 		}
 	}
+	if n := len(out); n > 0 && n >= limit {
+		// The LIMIT may have cut the last MODSEQ's entries: finish it.
+		last := out[n-1]
+		it := e.read(ctx, `SELECT uid, kind FROM changes WHERE mailbox = ? AND bucket = ? AND modseq = ? AND uid > ?`,
+			mailbox[:], bucketOf(last.ModSeq), int64(last.ModSeq), int64(last.UID)).PageSize(1000).Iter()
+		var uid int64
+		var kind int8
+		for it.Scan(&uid, &kind) {
+			out = append(out, store.Change{ModSeq: last.ModSeq, UID: uint32(uid), Kind: store.ChangeKind(kind)})
+		}
+		if err := it.Close(); err != nil {
+			return nil, wrap("reading change log", err)
+		}
+	}
 	if h, err = e.readHead(ctx, mailbox, false); err != nil {
 		return nil, err
 	}

@@ -276,16 +276,20 @@ func (e *Engine) Changes(ctx context.Context, mailbox store.ID, since uint64, li
 	}
 	defer it.Close()
 	var out []store.Change
-	for it.First(); it.Valid() && len(out) < limit; it.Next() {
+	for it.First(); it.Valid(); it.Next() {
 		k := it.Key()[len(p):]
 		if len(k) != 12 || len(it.Value()) != 1 {
 			return nil, errCorrupt
 		}
-		out = append(out, store.Change{
+		c := store.Change{
 			ModSeq: binary.BigEndian.Uint64(k),
 			UID:    binary.BigEndian.Uint32(k[8:]),
 			Kind:   store.ChangeKind(it.Value()[0]),
-		})
+		}
+		if n := len(out); n > 0 && n >= limit && c.ModSeq != out[n-1].ModSeq {
+			break
+		}
+		out = append(out, c)
 	}
 	if err := it.Error(); err != nil {
 		return nil, err

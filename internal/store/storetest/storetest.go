@@ -39,6 +39,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"Quota", testQuota},
 		{"Flags", testFlags},
 		{"Expunge", testExpunge},
+		{"ChangesKeepModSeqsWhole", testChangesWholeModSeq},
 		{"ListAroundExpunged", testListAroundExpunged},
 		{"SharedBlob", testSharedBlob},
 		{"InlineBody", testInlineBody},
@@ -514,6 +515,52 @@ func testExpunge(t *testing.T, s store.Store) {
 	}
 	if gone, _, err := s.Expunge(ctx(), inbox.ID, []uint32{1}); err != nil || len(gone) != 0 {
 		t.Fatalf("second expunge = %v, %v", gone, err)
+	}
+}
+
+// testChangesWholeModSeq: a page of Changes never ends inside a MODSEQ,
+// so a caller paging by the last entry's ModSeq sees every entry of a STORE
+// or EXPUNGE that changed more messages than its page holds.
+func testChangesWholeModSeq(t *testing.T, s store.Store) {
+	const u = "kai@example.test"
+	mustUser(t, s, u, 0)
+	inbox := mustMailbox(t, s, u, "INBOX")
+	first := mustAppend(t, s, inbox.ID, "1\r\n", "2\r\n", "3\r\n", "4\r\n", "5\r\n")
+	last := mustAppend(t, s, inbox.ID, "6\r\n")
+	page, err := s.Changes(ctx(), inbox.ID, 0, 2)
+	if err != nil || len(page) != 5 || page[4].ModSeq != first[0].ModSeq || page[4].UID != 5 {
+		t.Fatalf("Changes(0, limit 2) = %+v, %v; want the five entries of MODSEQ %d", page, err, first[0].ModSeq)
+	}
+	res, err := s.SetFlags(ctx(), inbox.ID, store.FlagChange{UIDs: []uint32{1, 2, 3, 4, 5, 6}, Op: store.FlagsAdd, Flags: []string{`\Seen`}})
+	if err != nil || len(res.Changed) != 6 {
+		t.Fatalf("SetFlags = %+v, %v", res, err)
+	}
+	gone, expunged, err := s.Expunge(ctx(), inbox.ID, []uint32{2, 3, 4})
+	if err != nil || len(gone) != 3 {
+		t.Fatalf("Expunge = %v, %v", gone, err)
+	}
+	var all []store.Change
+	for since := last[0].ModSeq; ; {
+		page, err := s.Changes(ctx(), inbox.ID, since, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		all = append(all, page...)
+		since = page[len(page)-1].ModSeq
+	}
+	want := []store.Change{
+		{ModSeq: res.Changed[0].ModSeq, UID: 1, Kind: store.ChangeFlags},
+		{ModSeq: res.Changed[0].ModSeq, UID: 5, Kind: store.ChangeFlags},
+		{ModSeq: res.Changed[0].ModSeq, UID: 6, Kind: store.ChangeFlags},
+		{ModSeq: expunged, UID: 2, Kind: store.ChangeExpunged},
+		{ModSeq: expunged, UID: 3, Kind: store.ChangeExpunged},
+		{ModSeq: expunged, UID: 4, Kind: store.ChangeExpunged},
+	}
+	if !slices.Equal(all, want) {
+		t.Fatalf("Changes paged by one since %d:\n got %+v\nwant %+v", last[0].ModSeq, all, want)
 	}
 }
 
