@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -17,8 +16,9 @@ import (
 //   - each name index entry points at a mailbox record of that user and name;
 //   - each mailbox's message count and size match its messages, every UID is
 //     below UIDNEXT and every MODSEQ at most HIGHESTMODSEQ;
-//   - each message has a change log entry at its MODSEQ, and no expunge
-//     entry lies at or below the mailbox's ExpungeFloor;
+//   - each message has a change log entry at its MODSEQ, every entry
+//     decodes, and no expunge entry lies at or below the mailbox's
+//     ExpungeFloor;
 //   - each blob's reference count equals the messages referencing it, and
 //     its chunks add up to its size or its log index entry agrees with it
 //     and its bytes lie within its log segment;
@@ -27,9 +27,6 @@ import (
 //
 // The log cleaner waits for the check: a segment it deleted after the
 // snapshot would look missing to the blobs the snapshot still shows in it.
-// errStopScan ends one of Check's scans early.
-var errStopScan = errors.New("stop scan")
-
 func (e *Engine) Check(ctx context.Context) ([]string, error) {
 	e.blog.cleaning.Lock()
 	defer e.blog.cleaning.Unlock()
@@ -119,16 +116,15 @@ func (e *Engine) Check(ctx context.Context) ([]string, error) {
 			report("mailbox %s: expunge floor %d > highest %d", m.ID, m.ExpungeFloor, m.HighestModSeq)
 		}
 		err = scan(changePrefix(m.ID), func(k, v []byte) error {
-			ms := binary.BigEndian.Uint64(k[17:])
-			if ms > m.ExpungeFloor {
-				return errStopScan
-			}
-			if len(v) == 1 && store.ChangeKind(v[0]) == store.ChangeExpunged {
-				report("mailbox %s uid %d: expunge at modseq %d kept below the floor %d", m.ID, binary.BigEndian.Uint32(k[25:]), ms, m.ExpungeFloor)
+			ms, uid := binary.BigEndian.Uint64(k[17:]), binary.BigEndian.Uint32(k[25:])
+			if _, err := decodeChanges(nil, ms, uid, v); err != nil {
+				report("mailbox %s uid %d: undecodable change log entry at modseq %d", m.ID, uid, ms)
+			} else if ms <= m.ExpungeFloor && store.ChangeKind(v[0]) == store.ChangeExpunged {
+				report("mailbox %s uid %d: expunge at modseq %d kept below the floor %d", m.ID, uid, ms, m.ExpungeFloor)
 			}
 			return nil
 		})
-		if err != nil && err != errStopScan {
+		if err != nil {
 			return nil, err
 		}
 		if count != m.Messages || size != m.Size {

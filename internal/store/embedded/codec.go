@@ -3,6 +3,7 @@ package embedded
 import (
 	"encoding/binary"
 	"errors"
+	"math"
 	"time"
 
 	"quill/internal/store"
@@ -18,8 +19,11 @@ import (
 //	'm' mailboxID                     -> mailbox record
 //	'x' mailboxID uid(4)              -> message record
 //	'c' mailboxID modseq(8) uid(4)    -> change kind (latest change per UID;
-//	                                     expunges at or below the mailbox's
-//	                                     ExpungeFloor are pruned)
+//	                                     one entry, at its lowest UID, for
+//	                                     the UIDs of one expunge, see
+//	                                     encodeExpunged; expunges at or
+//	                                     below the mailbox's ExpungeFloor
+//	                                     are pruned)
 //	'B' blobID                        -> blob record (size, refs, and chunks
 //	                                     or the body's place in the log)
 //	'b' blobID chunk(4)               -> chunk bytes
@@ -290,6 +294,78 @@ func decodeMessage(uid uint32, b []byte) (store.Message, error) {
 		m.Meta = append([]byte(nil), meta...)
 	}
 	return m, d.err
+}
+
+// maxExpungedPerEntry bounds the UIDs one change log entry records, so that
+// what an entry decodes to is bounded whatever its bytes say; an expunge of
+// more messages writes several entries at its MODSEQ.
+const maxExpungedPerEntry = 4096
+
+// encodeExpunged is the value of the change log entry that records the
+// expunge of uids at the key's MODSEQ: uids ascending, distinct, at most
+// maxExpungedPerEntry, the first being the key's UID. It is the kind, the
+// first run of consecutive UIDs as its length - 1, then each further run
+// as its distance from the previous one's end - 2 and its length - 1, all
+// uvarints. One UID is the kind alone: the form of every change entry
+// before an expunge's UIDs shared one, which decodeChanges reads the same.
+//
+// Under POP3's retrieve-and-delete one entry per session instead of one per
+// message keeps the change log, and each compaction that rewrites it, about
+// a message per session smaller.
+func encodeExpunged(uids []uint32) []byte {
+	e := enc{byte(store.ChangeExpunged)}
+	if len(uids) == 1 {
+		return e
+	}
+	start := 0
+	for i := 1; i <= len(uids); i++ {
+		if i < len(uids) && uids[i] == uids[i-1]+1 {
+			continue
+		}
+		if start > 0 {
+			e.uvarint(uint64(uids[start] - uids[start-1] - 2))
+		}
+		e.uvarint(uint64(i - 1 - start))
+		start = i
+	}
+	return e
+}
+
+// decodeChanges appends the changes that the change log entry for (modseq,
+// uid) with value v records: one, or an expunge's run-length encoded UIDs
+// (encodeExpunged).
+func decodeChanges(out []store.Change, modseq uint64, uid uint32, v []byte) ([]store.Change, error) {
+	if len(v) == 0 {
+		return out, errCorrupt
+	}
+	kind := store.ChangeKind(v[0])
+	if len(v) == 1 {
+		return append(out, store.Change{ModSeq: modseq, UID: uid, Kind: kind}), nil
+	}
+	if kind != store.ChangeExpunged {
+		return out, errCorrupt
+	}
+	d := dec{b: v[1:]}
+	first, n := uint64(uid), uint64(0)
+	for run := 0; len(d.b) > 0; run++ {
+		if run > 0 {
+			gap := d.uvarint()
+			if gap > math.MaxUint32 {
+				return out, errCorrupt
+			}
+			first += gap + 2
+		}
+		length := d.uvarint() + 1
+		if d.err != nil || length > maxExpungedPerEntry-n || first+length-1 > math.MaxUint32 {
+			return out, errCorrupt
+		}
+		for u := first; u < first+length; u++ {
+			out = append(out, store.Change{ModSeq: modseq, UID: uint32(u), Kind: kind})
+		}
+		n += length
+		first += length - 1
+	}
+	return out, nil
 }
 
 // blobRecord is the 'B' record: a blob's size, the number of messages

@@ -242,7 +242,6 @@ func (e *Engine) Expunge(ctx context.Context, mailbox store.ID, uids []uint32) (
 			}
 			t.del(messageKey(mailbox, uid))
 			t.del(changeKey(mailbox, msg.ModSeq, uid))
-			t.set(changeKey(mailbox, modseq, uid), []byte{byte(store.ChangeExpunged)})
 			bytes += msg.Size
 			gone = append(gone, uid)
 		}
@@ -252,6 +251,11 @@ func (e *Engine) Expunge(ctx context.Context, mailbox store.ID, uids []uint32) (
 		}
 		slices.Sort(gone)
 		gone = slices.Compact(gone)
+		for rest := gone; len(rest) > 0; {
+			n := min(len(rest), maxExpungedPerEntry)
+			t.set(changeKey(mailbox, modseq, rest[0]), encodeExpunged(rest[:n]))
+			rest = rest[n:]
+		}
 		m.HighestModSeq = modseq
 		m.Messages -= uint32(len(gone))
 		m.Size -= bytes
@@ -278,18 +282,16 @@ func (e *Engine) Changes(ctx context.Context, mailbox store.ID, since uint64, li
 	var out []store.Change
 	for it.First(); it.Valid(); it.Next() {
 		k := it.Key()[len(p):]
-		if len(k) != 12 || len(it.Value()) != 1 {
+		if len(k) != 12 {
 			return nil, errCorrupt
 		}
-		c := store.Change{
-			ModSeq: binary.BigEndian.Uint64(k),
-			UID:    binary.BigEndian.Uint32(k[8:]),
-			Kind:   store.ChangeKind(it.Value()[0]),
-		}
-		if n := len(out); n > 0 && n >= limit && c.ModSeq != out[n-1].ModSeq {
+		modseq := binary.BigEndian.Uint64(k)
+		if n := len(out); n > 0 && n >= limit && modseq != out[n-1].ModSeq {
 			break
 		}
-		out = append(out, c)
+		if out, err = decodeChanges(out, modseq, binary.BigEndian.Uint32(k[8:]), it.Value()); err != nil {
+			return nil, err
+		}
 	}
 	if err := it.Error(); err != nil {
 		return nil, err
@@ -350,7 +352,7 @@ func (t *txn) pruneExpunges(m *store.Mailbox, window uint64) error {
 		}
 		floor = ms
 		read++
-		if len(it.Value()) == 1 && store.ChangeKind(it.Value()[0]) == store.ChangeExpunged {
+		if v := it.Value(); len(v) > 0 && store.ChangeKind(v[0]) == store.ChangeExpunged {
 			t.del(append([]byte(nil), k...))
 		}
 	}
