@@ -52,22 +52,25 @@ func appendMsg(t *testing.T, m *Mailboxes, mbox string) uint32 {
 	return res.UIDs[0]
 }
 
+// selectView selects name for user "u", closing the view when the test ends.
+func selectView(t *testing.T, m *Mailboxes, name string) (*View, SelectInfo) {
+	t.Helper()
+	v, info, err := m.User("u").Select(context.Background(), name, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { v.Close() })
+	return v, info
+}
+
 // Two views of one mailbox: an expunge and a flag change by one reach the
 // other through Poll, the expunge held back while the command forbids it
 // (RFC 3501 section 7.4.1), with sequence numbers that stay valid.
 func TestViewPoll(t *testing.T) {
 	m, _, _ := imapSetup(t, 4)
 	ctx := context.Background()
-	a, _, err := m.User("u").Select(ctx, "INBOX", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, info, err := m.User("u").Select(ctx, "inbox", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a, _ := selectView(t, m, "INBOX")
+	b, info := selectView(t, m, "inbox")
 	if info.Exists != 4 || info.Recent != 0 {
 		t.Fatalf("second select: %+v, want 4 messages none recent (the first session claimed them)", info)
 	}
@@ -143,16 +146,8 @@ func TestViewPastForgottenExpunges(t *testing.T) {
 	for range 6 {
 		appendMsg(t, m, "INBOX")
 	}
-	a, _, err := m.User("u").Select(ctx, "INBOX", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, _, err := m.User("u").Select(ctx, "INBOX", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a, _ := selectView(t, m, "INBOX")
+	b, _ := selectView(t, m, "INBOX")
 	m0 := b.HighestModSeq()
 	if _, err := a.SetFlags(ctx, []uint32{2}, FlagsAdd, []string{`\Seen`}); err != nil {
 		t.Fatal(err)
@@ -224,16 +219,8 @@ func TestViewPollLargeChange(t *testing.T) {
 	const n = pageSize + 100
 	m, _, _ := imapSetup(t, n)
 	ctx := context.Background()
-	a, _, err := m.User("u").Select(ctx, "INBOX", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, _, err := m.User("u").Select(ctx, "INBOX", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a, _ := selectView(t, m, "INBOX")
+	b, _ := selectView(t, m, "INBOX")
 	m0 := b.HighestModSeq()
 	uids := a.UIDs()
 	if _, err := a.SetFlags(ctx, uids, FlagsAdd, []string{`\Seen`}); err != nil {
