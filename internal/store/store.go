@@ -286,11 +286,10 @@ type Store interface {
 	// last MODSEQ it reaches, so that a caller paging by that entry's
 	// ModSeq never skips the rest of a MODSEQ (one STORE or EXPUNGE can
 	// change any number of messages at one MODSEQ). The log holds each
-	// UID's latest change only, and an
-	// engine may forget the changes at or below the mailbox's
-	// ExpungeFloor (RFC 7162 section 5 lets a server forget expunges); a
-	// since below the floor fails with ErrExpungesForgotten, never with a
-	// partial log.
+	// UID's latest change only, and an engine may forget the changes at
+	// or below the mailbox's ExpungeFloor (RFC 7162 section 5 lets a
+	// server forget expunges); a since below the floor fails with
+	// ErrExpungesForgotten, never with a partial log.
 	Changes(ctx context.Context, mailbox ID, since uint64, limit int) ([]Change, error)
 
 	Usage(ctx context.Context, user string) (Usage, error)
