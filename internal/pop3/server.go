@@ -184,6 +184,7 @@ func (s *Server) Close() error {
 // handle serves one accepted connection (textconn.Handler).
 func (s *Server) handle(ctx context.Context, nc net.Conn, shutdown <-chan struct{}) {
 	conn := textconn.New(nc, s.cfg.conn)
+	defer conn.Release()
 	stop := conn.WatchShutdown(shutdown)
 	defer stop()
 	sess := &session{
@@ -193,4 +194,7 @@ func (s *Server) handle(ctx context.Context, nc net.Conn, shutdown <-chan struct
 	}
 	sess.log = s.cfg.log.With("session", strconv.FormatUint(s.session.Add(1), 10), "remote", sess.remote.String())
 	sess.serve(ctx)
+	if sess.copyBuf != nil {
+		copyBufs.Put(sess.copyBuf)
+	}
 }

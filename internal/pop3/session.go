@@ -40,9 +40,9 @@ type session struct {
 	drop         Maildrop
 	msgs         []Message
 	deleted      []bool
-	copyBuf      []byte // RETR/TOP copy buffer, allocated on first use
-	closeOnReply bool   // the command asked to end the session (QUIT)
-	aborted      bool   // the connection is unusable; send nothing more
+	copyBuf      *[]byte // RETR/TOP copy buffer from copyBufs, taken on first use
+	closeOnReply bool    // the command asked to end the session (QUIT)
+	aborted      bool    // the connection is unusable; send nothing more
 }
 
 // serve runs the session until the client quits, the connection fails or

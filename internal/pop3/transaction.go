@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"sync"
 )
 
 // copyBufSize is the RETR/TOP copy buffer and the size the connection's
@@ -14,6 +15,10 @@ import (
 // (RFC 2449 section 6.6) share one network write, small enough to keep
 // per-session memory low.
 const copyBufSize = 32 << 10
+
+// copyBufs recycles the copy buffers of ended sessions: most sessions
+// retrieve, and most last one retrieval.
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
 
 // stat counts the messages not marked deleted and their octets.
 func (s *session) stat() (n int, size int64) {
@@ -135,14 +140,14 @@ func (s *session) send(ctx context.Context, i int, status string, w *dotWriter) 
 	}
 	defer rc.Close()
 	if s.copyBuf == nil {
-		s.copyBuf = make([]byte, copyBufSize)
+		s.copyBuf = copyBufs.Get().(*[]byte)
 		if err := s.conn.GrowWriteBuffer(copyBufSize); err != nil {
 			s.log.Debug("pop3: write failed", "err", err)
 			return errAbort
 		}
 	}
 	s.writeLine(status)
-	_, err = io.CopyBuffer(w, rc, s.copyBuf)
+	_, err = io.CopyBuffer(w, rc, *s.copyBuf)
 	if err == nil || errors.Is(err, errTopDone) {
 		err = w.Close()
 	}

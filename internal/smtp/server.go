@@ -227,6 +227,7 @@ func (s *Server) handle(ctx context.Context, nc net.Conn, shutdown <-chan struct
 		WriteTimeout: s.lim.writeTimeout,
 		Metrics:      s.Metrics,
 	})
+	defer conn.Release()
 	stop := conn.WatchShutdown(shutdown)
 	defer stop()
 	sess := newSession(ctx, s, conn)

@@ -378,3 +378,52 @@ func TestGrowWriteBuffer(t *testing.T) {
 		}
 	}
 }
+
+// A released Conn's buffers go to the next Conn of the same sizes, which
+// must see none of its unread input or unflushed output.
+func TestReleaseDiscardsState(t *testing.T) {
+	opts := Options{MaxLine: 5000, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}
+	const grown = 48 << 10
+	// sync.Pool may drop what it holds at any collection, or hand out
+	// another released buffer: try until the next Conn gets both.
+	for try := 0; try < 20; try++ {
+		a, clientA := pipe(t, opts)
+		if _, err := clientA.Write([]byte("one\r\ntwo\r\n")); err != nil {
+			t.Fatal(err)
+		}
+		if line, err := a.ReadLine(); err != nil || string(line) != "one" {
+			t.Fatalf("ReadLine = %q, %v", line, err)
+		}
+		if err := a.GrowWriteBuffer(grown); err != nil {
+			t.Fatal(err)
+		}
+		_, _ = a.WriteString("stale\r\n")
+		oldR, oldW := a.br, a.bw
+		a.Release()
+
+		b, clientB := pipe(t, opts)
+		if err := b.GrowWriteBuffer(grown); err != nil {
+			t.Fatal(err)
+		}
+		reused := b.br == oldR && b.bw == oldW
+		if _, err := clientB.Write([]byte("three\r\n")); err != nil {
+			t.Fatal(err)
+		}
+		if line, err := b.ReadLine(); err != nil || string(line) != "three" {
+			t.Fatalf("ReadLine = %q, %v; want the new connection's line", line, err)
+		}
+		_, _ = b.WriteString("fresh\r\n")
+		if err := b.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		got, err := bufio.NewReader(clientB).ReadString('\n')
+		if err != nil || got != "fresh\r\n" {
+			t.Fatalf("client got %q, %v; want only the new connection's output", got, err)
+		}
+		b.Release()
+		if reused {
+			return
+		}
+	}
+	t.Skip("the pool never handed the released buffers back")
+}
