@@ -102,6 +102,8 @@ type Engine struct {
 
 	// hot and blobs are written by the committer only (hotCache).
 	hot, blobs *hotCache
+	// txn is the committer's, reused by every group (commitGroup).
+	txn *txn
 
 	fenceMu sync.RWMutex
 	fence   map[store.ID]store.Mailbox // mailboxes in the group being synced, pre-group state
@@ -189,6 +191,12 @@ func Open(dir string, opts Options) (*Engine, error) {
 			Help:    "Transactions per commit group of the embedded store.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
 		}),
+	}
+	e.txn = &txn{
+		e:       e,
+		own:     make(map[string]int),
+		touched: make(map[store.ID]store.Mailbox),
+		grouped: make(map[string][]byte),
 	}
 	if err := e.recover(dir); err != nil {
 		blog.close()
@@ -388,7 +396,8 @@ func (e *Engine) commitLoop() {
 func (e *Engine) commitGroup(group []*request) {
 	b := e.db.NewIndexedBatch()
 	defer b.Close()
-	t := &txn{e: e, b: b, touched: make(map[store.ID]store.Mailbox)}
+	t := e.txn
+	t.reset(b)
 	pos, err := e.blog.begin()
 	ok := 0
 	for _, r := range group {
