@@ -104,6 +104,8 @@ type Engine struct {
 	hot, blobs *hotCache
 	// txn is the committer's, reused by every group (commitGroup).
 	txn *txn
+	// inboxes is GetMailbox's memory of where users' INBOXes are.
+	inboxes inboxHints
 
 	fenceMu sync.RWMutex
 	fence   map[store.ID]store.Mailbox // mailboxes in the group being synced, pre-group state
@@ -171,16 +173,17 @@ func Open(dir string, opts Options) (*Engine, error) {
 		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
 	}
 	e := &Engine{
-		db:     db,
-		blog:   blog,
-		opts:   opts,
-		log:    opts.Logger,
-		reqs:   make(chan *request, opts.MaxGroup),
-		quit:   make(chan struct{}),
-		fence:  make(map[store.ID]store.Mailbox),
-		hot:    newHotCache(hotCacheEntries, true),
-		blobs:  newHotCache(blobCacheEntries, false),
-		stalls: stalls,
+		db:      db,
+		blog:    blog,
+		opts:    opts,
+		log:     opts.Logger,
+		reqs:    make(chan *request, opts.MaxGroup),
+		quit:    make(chan struct{}),
+		fence:   make(map[store.ID]store.Mailbox),
+		hot:     newHotCache(hotCacheEntries, true),
+		inboxes: inboxHints{max: hotCacheEntries},
+		blobs:   newHotCache(blobCacheEntries, false),
+		stalls:  stalls,
 		commitLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "quill_store_commit_seconds",
 			Help:    "Latency of one synced commit group of the embedded store.",

@@ -551,3 +551,41 @@ func TestHotCacheReadersSeeNoOlderRecord(t *testing.T) {
 	close(stop)
 	writers.Wait()
 }
+
+// GetMailbox's INBOX hints are only hints: a user deleted, or deleted and
+// re-created, and a hint naming some other mailbox all get the INBOX the
+// name record names.
+func TestInboxHints(t *testing.T) {
+	ctx := context.Background()
+	e := open(t, t.TempDir())
+	defer e.Close()
+	old := userInbox(t, e, "a@example.test")
+	if id, ok := e.inboxes.get("a@example.test"); !ok || id != old.ID {
+		t.Fatalf("hint after GetMailbox = %v %v, want %v", id, ok, old.ID)
+	}
+	if err := e.DeleteUser(ctx, "a@example.test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.GetMailbox(ctx, "a@example.test", "INBOX"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("INBOX of a deleted user: %v, want ErrNotFound", err)
+	}
+	if err := e.CreateUser(ctx, store.User{Address: "a@example.test"}); err != nil {
+		t.Fatal(err)
+	}
+	e.inboxes.put("a@example.test", old.ID)
+	got, err := e.GetMailbox(ctx, "a@example.test", "inbox")
+	if err != nil || got.ID == old.ID || got.Name != "INBOX" || got.User != "a@example.test" {
+		t.Fatalf("INBOX of the re-created user = %+v, %v; want a new one", got, err)
+	}
+	other := userInbox(t, e, "b@example.test")
+	sent, err := e.CreateMailbox(ctx, "a@example.test", "Sent", store.MailboxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, wrong := range []store.ID{other.ID, sent.ID} {
+		e.inboxes.put("a@example.test", wrong)
+		if m, err := e.GetMailbox(ctx, "a@example.test", "INBOX"); err != nil || m.ID != got.ID {
+			t.Fatalf("with a hint naming %v: %+v, %v; want %v", wrong, m, err, got.ID)
+		}
+	}
+}
