@@ -102,18 +102,34 @@ func New(c net.Conn, opts Options) *Conn {
 }
 
 // readers and writers hold released buffers for reuse, one sync.Pool per
-// buffer size (int -> *sync.Pool). A POP3 session lasts one retrieval, and
-// allocating and zeroing its buffers (40 KiB once its output buffer has
-// grown for bodies) was the largest share of what the server allocated
-// under the benchmark's mix.
-var readers, writers sync.Map
+// buffer size. A POP3 session lasts one retrieval, and allocating and
+// zeroing its buffers (40 KiB once its output buffer has grown for bodies)
+// was the largest share of what the server allocated under the benchmark's
+// mix.
+var readers, writers sizedPools
 
-func poolOf(m *sync.Map, size int) *sync.Pool {
-	if p, ok := m.Load(size); ok {
-		return p.(*sync.Pool)
+// sizedPools maps a buffer size to its pool; a process uses a few sizes.
+type sizedPools struct {
+	mu sync.RWMutex
+	m  map[int]*sync.Pool
+}
+
+func poolOf(sp *sizedPools, size int) *sync.Pool {
+	sp.mu.RLock()
+	p := sp.m[size]
+	sp.mu.RUnlock()
+	if p != nil {
+		return p
 	}
-	p, _ := m.LoadOrStore(size, new(sync.Pool))
-	return p.(*sync.Pool)
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.m == nil {
+		sp.m = make(map[int]*sync.Pool)
+	}
+	if sp.m[size] == nil {
+		sp.m[size] = new(sync.Pool)
+	}
+	return sp.m[size]
 }
 
 func newReader(r io.Reader, size int) *bufio.Reader {
