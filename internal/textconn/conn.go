@@ -148,8 +148,15 @@ func newWriter(w io.Writer, size int) *bufio.Writer {
 	return bufio.NewWriterSize(w, size)
 }
 
+// putReader and putWriter drop the buffered octets and the reference to
+// the Conn, then pool the buffer.
+func putReader(br *bufio.Reader) {
+	br.Reset(nil)
+	poolOf(&readers, br.Size()).Put(br)
+}
+
 func putWriter(bw *bufio.Writer) {
-	bw.Reset(nil) // drops the buffered octets and the reference to the Conn
+	bw.Reset(nil)
 	poolOf(&writers, bw.Size()).Put(bw)
 }
 
@@ -159,8 +166,7 @@ func putWriter(bw *bufio.Writer) {
 // that goroutine is done with c and with anything obtained from Reader.
 func (c *Conn) Release() {
 	if c.br != nil {
-		c.br.Reset(nil)
-		poolOf(&readers, c.br.Size()).Put(c.br)
+		putReader(c.br)
 		c.br = nil
 	}
 	if c.bw != nil {
