@@ -342,6 +342,12 @@ func run(ctx context.Context, o options) (err error) {
 
 	results := map[string][]loadgen.MixSummary{}
 	saturation := map[string][]loadgen.SaturationResult{}
+	disk := map[string][]probeStats{}
+	probe, err := newDiskProbe(root)
+	if err != nil {
+		return fmt.Errorf("disk probe: %w", err)
+	}
+	defer probe.close()
 	seed := uint64(time.Now().UnixNano())
 	if o.warmup > 0 {
 		if err := warmUp(ctx, o, base, targets, seed); err != nil {
@@ -358,14 +364,21 @@ func run(ctx context.Context, o options) (err error) {
 			}
 			writeBack()
 			fmt.Fprintf(os.Stderr, "compare: round %d: %s ...\n", round+1, t.name)
+			ran := len(results[t.name])
+			probe.start(diskProbeInterval)
 			var err error
 			if o.saturate {
 				err = saturateOnce(ctx, o, cfg, t.name, results, saturation)
 			} else {
 				err = runOnce(ctx, o, cfg, t.name, round == 0, qaddrs["admin"], qdata, results)
 			}
+			ps := probe.finish()
 			if err != nil {
 				return fmt.Errorf("%s round %d: %w", t.name, round+1, err)
+			}
+			fmt.Fprintf(os.Stderr, "compare: %s round %d: %v\n", t.name, round+1, ps)
+			if len(results[t.name]) > ran { // a search that passed no rate adds no run
+				disk[t.name] = append(disk[t.name], ps)
 			}
 			if t.settle != nil {
 				if err := t.settle(ctx); err != nil {
@@ -375,7 +388,7 @@ func run(ctx context.Context, o options) (err error) {
 		}
 	}
 	if o.out != "" {
-		out := map[string]any{"options": fmt.Sprintf("%+v", o), "machine": machine(), "results": results}
+		out := map[string]any{"options": fmt.Sprintf("%+v", o), "machine": machine(), "results": results, "disk_probe": disk}
 		if o.saturate {
 			out["saturation"] = saturation
 		}
@@ -398,8 +411,15 @@ func run(ctx context.Context, o options) (err error) {
 			o.startRate, o.factor, o.retries, o.refine, o.step, 100*o.maxShare, o.bound)
 	}
 	fmt.Println()
-	return printComparison(os.Stdout, results)
+	if err := printComparison(os.Stdout, results); err != nil {
+		return err
+	}
+	fmt.Println()
+	return printRounds(os.Stdout, results, disk, o.saturate)
 }
+
+// diskProbeInterval is how often the disk probe syncs during a run.
+const diskProbeInterval = 50 * time.Millisecond
 
 // warmUp runs the mix for o.warmup against every target that stores mail
 // and keeps nothing of it, so that the measured rounds find each store in

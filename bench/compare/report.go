@@ -189,3 +189,42 @@ func cutField(line string) (string, string, bool) {
 }
 
 func trimNL(s string) string { return strings.TrimRight(s, "\n") }
+
+// printRounds prints every round of each target beside the disk probe of
+// that round: a median can hide a round that measured the disk (a durable
+// target whose probe saw long syncs and whose server used little CPU).
+func printRounds(w io.Writer, results map[string][]loadgen.MixSummary, disk map[string][]probeStats, saturate bool) error {
+	span := "the run"
+	if saturate {
+		span = "the whole search"
+	}
+	if _, err := fmt.Fprintf(w, "per round: delivered msg/s (the sinks: accepted), server CPU s during the load, and the disk probe's fdatasync p99 and max over %s\n", span); err != nil {
+		return err
+	}
+	delivered, accepted, cpu := figureNamed("delivered msg/s"), figureNamed("accepted msg/s"), figureNamed("cpu s during load")
+	for _, c := range columns {
+		runs := results[c.target]
+		if len(runs) == 0 {
+			continue
+		}
+		var cells []string
+		for i := range runs {
+			v, ok := delivered.get(&runs[i])
+			if !ok {
+				v, _ = accepted.get(&runs[i])
+			}
+			cell := fmt.Sprintf("%.1f", v)
+			if s, ok := cpu.get(&runs[i]); ok {
+				cell += fmt.Sprintf(" on %.1f CPU-s", s)
+			}
+			if ps := disk[c.target]; i < len(ps) {
+				cell += fmt.Sprintf(", probe p99 %.2f ms max %.1f ms", ms(ps[i].P99), ms(ps[i].Max))
+			}
+			cells = append(cells, cell)
+		}
+		if _, err := fmt.Fprintf(w, "  %s: %s\n", c.heading, strings.Join(cells, "; ")); err != nil {
+			return err
+		}
+	}
+	return nil
+}
