@@ -56,7 +56,8 @@ func newDiskProbe(dir string) (*diskProbe, error) {
 		return nil, err
 	}
 	p := &diskProbe{f: f, block: make([]byte, 4096)}
-	if _, err := f.WriteAt(p.block, 0); err == nil {
+	_, err = f.WriteAt(p.block, 0)
+	if err == nil {
 		err = f.Sync()
 	}
 	if err != nil {
