@@ -27,8 +27,15 @@ type diskProbe struct {
 	done  chan struct{}
 
 	mu      sync.Mutex
-	samples []time.Duration
+	samples []probeSample
+	busy    time.Time // when the sync in progress began; zero between syncs
 	err     error
+}
+
+// probeSample is one write and fdatasync: when it began and how long it took.
+type probeSample struct {
+	at time.Time
+	d  time.Duration
 }
 
 // probeStats summarises one probe.
@@ -70,6 +77,9 @@ func newDiskProbe(dir string) (*diskProbe, error) {
 // syncOnce overwrites the block, fdatasyncs it and records how long that took.
 func (p *diskProbe) syncOnce() {
 	start := time.Now()
+	p.mu.Lock()
+	p.busy = start
+	p.mu.Unlock()
 	p.block[0]++
 	_, err := p.f.WriteAt(p.block, 0)
 	if err == nil {
@@ -78,13 +88,38 @@ func (p *diskProbe) syncOnce() {
 	d := time.Since(start)
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.busy = time.Time{}
 	if err != nil {
 		if p.err == nil {
 			p.err = err
 		}
 		return
 	}
-	p.samples = append(p.samples, d)
+	p.samples = append(p.samples, probeSample{start, d})
+}
+
+// longestDuring returns the longest sync that overlapped [start, end],
+// counting one still in progress for as long as it has taken so far: a
+// stall that began in the window may outlast it.
+func (p *diskProbe) longestDuring(start, end time.Time) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var longest time.Duration
+	if !p.busy.IsZero() && p.busy.Before(end) {
+		longest = time.Since(p.busy)
+	}
+	// The syncs run one after another: walking back from the latest, the
+	// first that ended before start ends the search.
+	for i := len(p.samples) - 1; i >= 0; i-- {
+		s := p.samples[i]
+		if s.at.Add(s.d).Before(start) {
+			break
+		}
+		if s.at.Before(end) && s.at.Add(s.d).After(start) {
+			longest = max(longest, s.d)
+		}
+	}
+	return longest
 }
 
 // start samples every interval until finish.
@@ -124,7 +159,10 @@ func (p *diskProbe) stats() probeStats {
 	if s.Syncs == 0 {
 		return s
 	}
-	v := slices.Clone(p.samples)
+	v := make([]time.Duration, len(p.samples))
+	for i, x := range p.samples {
+		v[i] = x.d
+	}
 	slices.Sort(v)
 	at := func(q float64) time.Duration { return v[min(len(v)-1, int(q*float64(len(v))))] }
 	s.P50, s.P99, s.Max = at(0.50), at(0.99), v[len(v)-1]

@@ -38,11 +38,42 @@ func TestDiskProbeSyncs(t *testing.T) {
 func TestDiskProbePercentiles(t *testing.T) {
 	p := &diskProbe{}
 	for i := 100; i >= 1; i-- {
-		p.samples = append(p.samples, time.Duration(i)*time.Millisecond)
+		p.samples = append(p.samples, probeSample{d: time.Duration(i) * time.Millisecond})
 	}
 	s := p.stats()
 	if s.P50 != 51*time.Millisecond || s.P99 != 100*time.Millisecond || s.Max != 100*time.Millisecond {
 		t.Errorf("stats of 1..100 ms: %+v", s)
+	}
+}
+
+// TestDiskProbeLongestDuring: a window sees the syncs that overlapped it,
+// including one that began before it and one still in progress.
+func TestDiskProbeLongestDuring(t *testing.T) {
+	t0 := time.Now().Add(-time.Hour)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	p := &diskProbe{samples: []probeSample{
+		{at(0), 300 * time.Millisecond},  // ends at 300
+		{at(350), 5 * time.Millisecond},  // ends at 355
+		{at(400), 80 * time.Millisecond}, // ends at 480
+		{at(500), 2 * time.Millisecond},
+	}}
+	for _, tc := range []struct {
+		from, to int
+		want     time.Duration
+	}{
+		{200, 360, 300 * time.Millisecond}, // the first began before the window
+		{301, 360, 5 * time.Millisecond},
+		{310, 450, 80 * time.Millisecond},
+		{490, 600, 2 * time.Millisecond},
+		{600, 700, 0},
+	} {
+		if got := p.longestDuring(at(tc.from), at(tc.to)); got != tc.want {
+			t.Errorf("[%d, %d] ms: %v, want %v", tc.from, tc.to, got, tc.want)
+		}
+	}
+	p.busy = time.Now().Add(-time.Second) // a sync stalled for a second so far
+	if got := p.longestDuring(at(600), time.Now()); got < time.Second {
+		t.Errorf("a sync in progress for 1 s: %v", got)
 	}
 }
 

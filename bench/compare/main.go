@@ -77,6 +77,7 @@ type options struct {
 	startRate        float64
 	factor, maxShare float64
 	refine, retries  int
+	disturbed        int
 }
 
 // saturateClients is the default bound on transactions in flight in a
@@ -117,6 +118,8 @@ func main() {
 	flag.IntVar(&o.refine, "refine", 5, "with --saturate: narrowing steps after the first failure (5 narrow a factor of 4 to 4.4%)")
 	flag.IntVar(&o.retries, "retries", 1, "with --saturate: times a failing step of the climb is run again before it ends the climb "+
 		"(the peer spawns its processes during the first steps)")
+	flag.IntVar(&o.disturbed, "disturbed", 3, "with --saturate: times in a search that a failing step is run again, besides --retries, "+
+		"because the disk probe saw an fdatasync longer than --latency-bound during it (0: never)")
 	flag.Parse()
 	if o.saturate {
 		clientsSet := false
@@ -368,7 +371,7 @@ func run(ctx context.Context, o options) (err error) {
 			probe.start(diskProbeInterval)
 			var err error
 			if o.saturate {
-				err = saturateOnce(ctx, o, cfg, t.name, results, saturation)
+				err = saturateOnce(ctx, o, cfg, t.name, probe, results, saturation)
 			} else {
 				err = runOnce(ctx, o, cfg, t.name, round == 0, qaddrs["admin"], qdata, results)
 			}
@@ -407,8 +410,9 @@ func run(ctx context.Context, o options) (err error) {
 	if o.saturate {
 		fmt.Printf("saturation search: open loop from %.0f tx/s, x%v per step (a failure retried %d times), %d refinements, %v steps;\n"+
 			"a rate passes when at most %.0f%% of its SMTP transactions failed, never started or took longer than %v;\n"+
+			"a failure during which the disk probe saw an fdatasync longer than that is run again, up to %d times a search;\n"+
 			"each column is the run at the highest rate that passed\n",
-			o.startRate, o.factor, o.retries, o.refine, o.step, 100*o.maxShare, o.bound)
+			o.startRate, o.factor, o.retries, o.refine, o.step, 100*o.maxShare, o.bound, o.disturbed)
 	}
 	fmt.Println()
 	if err := printComparison(os.Stdout, results); err != nil {
@@ -500,12 +504,24 @@ func runOnce(ctx context.Context, o options, cfg loadgen.MixConfig, name string,
 }
 
 // saturateOnce runs one saturation search against a target, prints its
-// steps, and adds the search to saturation and its peak run to results.
-func saturateOnce(ctx context.Context, o options, cfg loadgen.MixConfig, name string,
+// steps, and adds the search to saturation and its peak run to results. A
+// step that fails while the disk probe sees a sync longer than the latency
+// bound is run again (up to --disturbed times): every durable target waits
+// for such a sync before it acknowledges, so that step measured the disk of
+// a shared host, and a search ended by it would report the disk's stall
+// rather than the server's peak. The sinks are treated alike.
+func saturateOnce(ctx context.Context, o options, cfg loadgen.MixConfig, name string, probe *diskProbe,
 	results map[string][]loadgen.MixSummary, saturation map[string][]loadgen.SaturationResult) error {
 	res, err := loadgen.Saturate(ctx, cfg, loadgen.SaturationConfig{
 		StartRate: o.startRate, Factor: o.factor, Step: o.step, Bound: o.bound,
 		MaxShare: o.maxShare, MaxSteps: 30, Refine: o.refine, Retries: o.retries,
+		MaxDisturbed: o.disturbed,
+		Disturbed: func(start, end time.Time) string {
+			if d := probe.longestDuring(start, end); d > o.bound {
+				return fmt.Sprintf("the disk probe saw an fdatasync of %.0f ms", ms(d))
+			}
+			return ""
+		},
 	})
 	if err == nil {
 		err = ctx.Err()

@@ -167,6 +167,9 @@ func printSteps(w io.Writer, name string, res loadgen.SaturationResult, bound ti
 		if i == res.PeakStep {
 			verdict = "pass (peak)"
 		}
+		if st.Disturbed != "" {
+			verdict += " (" + st.Disturbed + ": run again)"
+		}
 		rate, what := st.Summary.Delivery.MsgPerSec, "delivered"
 		if !st.Summary.Delivery.Measured {
 			rate, what = st.Summary.SMTP.MsgPerSec, "accepted"

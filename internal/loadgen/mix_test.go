@@ -332,6 +332,49 @@ func TestSaturateStopsAtTheBound(t *testing.T) {
 			t.Errorf("step %+v: want a failure at 50/s", st)
 		}
 	}
+	// A failure put down to the machine is run again, up to MaxDisturbed
+	// times, and does not use up Retries; the callback sees the step's span.
+	var spans []time.Duration
+	res, err = Saturate(t.Context(), base, SaturationConfig{
+		StartRate: 50, Factor: 2, Step: 200 * time.Millisecond,
+		Bound: time.Nanosecond, MaxShare: 0.05, MaxSteps: 5, MaxDisturbed: 2,
+		Disturbed: func(start, end time.Time) string {
+			spans = append(spans, end.Sub(start))
+			return "the disk stalled"
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Steps) != 3 || res.PeakStep != -1 || len(spans) != 2 {
+		t.Fatalf("unmeetable bound, 2 disturbed reruns: want 3 failed steps and 2 calls, got %d calls, %+v", len(spans), res.Steps)
+	}
+	for i, st := range res.Steps {
+		want := ""
+		if i < 2 {
+			want = "the disk stalled"
+		}
+		if st.Rate != 50 || st.Passed || st.Disturbed != want {
+			t.Errorf("step %d %+v: want a failure at 50/s, disturbed %q", i, st, want)
+		}
+	}
+	for i, d := range spans {
+		if run := res.Steps[i].Summary.Elapsed; d < run {
+			t.Errorf("Disturbed saw a span of %v, shorter than the step's run of %v", d, run)
+		}
+	}
+	// A failure the callback does not explain ends the climb as before.
+	res, err = Saturate(t.Context(), base, SaturationConfig{
+		StartRate: 50, Factor: 2, Step: 200 * time.Millisecond,
+		Bound: time.Nanosecond, MaxShare: 0.05, MaxSteps: 5, MaxDisturbed: 2,
+		Disturbed: func(time.Time, time.Time) string { return "" },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Steps) != 1 || res.Steps[0].Disturbed != "" {
+		t.Errorf("undisturbed failure: want one step, got %+v", res.Steps)
+	}
 	if _, err := Saturate(t.Context(), base, SaturationConfig{StartRate: 1, Factor: 1, Step: time.Second, Bound: time.Second}); err == nil {
 		t.Error("factor 1 accepted")
 	}
