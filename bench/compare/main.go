@@ -119,7 +119,7 @@ func main() {
 	flag.IntVar(&o.retries, "retries", 1, "with --saturate: times a failing step of the climb is run again before it ends the climb "+
 		"(the peer spawns its processes during the first steps)")
 	flag.IntVar(&o.disturbed, "disturbed", 3, "with --saturate: times in a search that a failing step is run again, besides --retries, "+
-		"because the disk probe saw an fdatasync longer than --latency-bound during it (0: never)")
+		"because the disk probe saw an fdatasync longer than --latency-bound during it, for the targets that sync (0: never)")
 	flag.Parse()
 	if o.saturate {
 		clientsSet := false
@@ -295,7 +295,7 @@ func run(ctx context.Context, o options) (err error) {
 		}
 		defer quill.stop()
 		targets = append(targets, target{name: "quill", smtp: qaddrs["smtp"], pop3: qaddrs["pop3"], imap: qaddrs["imap"],
-			procs: map[string]int{"quill": quill.pid()}, alive: quill.running})
+			procs: map[string]int{"quill": quill.pid()}, alive: quill.running, syncs: true})
 	}
 	if wanted("peer") {
 		pr, err := startPeer(ctx, root, domain, all, hash)
@@ -307,23 +307,23 @@ func run(ctx context.Context, o options) (err error) {
 		if err != nil {
 			return err
 		}
-		targets = append(targets, target{name: "peer", smtp: pr.smtpAddr, pop3: pr.pop3Addr, imap: pr.imapAddr, procs: peerProcs, alive: pr.dovecot.running,
+		targets = append(targets, target{name: "peer", smtp: pr.smtpAddr, pop3: pr.pop3Addr, imap: pr.imapAddr, procs: peerProcs, alive: pr.dovecot.running, syncs: true,
 			settle: func(ctx context.Context) error { return pr.waitQueueEmpty(ctx, 5*time.Minute) }})
 	}
 	sinks := []struct {
-		name     string
-		args     []string
-		smtpOnly bool
+		name            string
+		args            []string
+		smtpOnly, syncs bool
 	}{
 		// The sink stores nothing: SMTP only, no retrieval, no probes.
-		{"sink", nil, true},
+		{"sink", nil, true, false},
 		// The durable sink keeps what it accepts but does not give it
 		// back: SMTP only, like the sink.
-		{"durable-sink", []string{"--durable", filepath.Join(root, "durable-sink-data")}, true},
+		{"durable-sink", []string{"--durable", filepath.Join(root, "durable-sink-data")}, true, true},
 		// The mail floor runs the whole mix.
-		{"mail-floor", []string{"--durable", filepath.Join(root, "mail-floor-data"), "--pop3-addr", "127.0.0.1:0", "--password", password}, false},
+		{"mail-floor", []string{"--durable", filepath.Join(root, "mail-floor-data"), "--pop3-addr", "127.0.0.1:0", "--password", password}, false, true},
 		// So does the volatile floor, never syncing.
-		{"volatile-floor", []string{"--durable", filepath.Join(root, "volatile-floor-data"), "--no-sync", "--pop3-addr", "127.0.0.1:0", "--password", password}, false},
+		{"volatile-floor", []string{"--durable", filepath.Join(root, "volatile-floor-data"), "--no-sync", "--pop3-addr", "127.0.0.1:0", "--password", password}, false, false},
 	}
 	for _, sk := range sinks {
 		if !wanted(sk.name) {
@@ -336,7 +336,7 @@ func run(ctx context.Context, o options) (err error) {
 		}
 		defer c.stop()
 		targets = append(targets, target{name: sk.name, smtp: addrs["smtp"], pop3: addrs["pop3"],
-			procs: map[string]int{sk.name: c.pid()}, alive: c.running, smtpOnly: sk.smtpOnly})
+			procs: map[string]int{sk.name: c.pid()}, alive: c.running, smtpOnly: sk.smtpOnly, syncs: sk.syncs})
 	}
 
 	if len(targets) == 0 {
@@ -371,7 +371,7 @@ func run(ctx context.Context, o options) (err error) {
 			probe.start(diskProbeInterval)
 			var err error
 			if o.saturate {
-				err = saturateOnce(ctx, o, cfg, t.name, probe, results, saturation)
+				err = saturateOnce(ctx, o, cfg, t, probe, results, saturation)
 			} else {
 				err = runOnce(ctx, o, cfg, t.name, round == 0, qaddrs["admin"], qdata, results)
 			}
@@ -410,7 +410,7 @@ func run(ctx context.Context, o options) (err error) {
 	if o.saturate {
 		fmt.Printf("saturation search: open loop from %.0f tx/s, x%v per step (a failure retried %d times), %d refinements, %v steps;\n"+
 			"a rate passes when at most %.0f%% of its SMTP transactions failed, never started or took longer than %v;\n"+
-			"a failure during which the disk probe saw an fdatasync longer than that is run again, up to %d times a search;\n"+
+			"a durable target's failure during which the disk probe saw an fdatasync longer than that is run again, up to %d times a search;\n"+
 			"each column is the run at the highest rate that passed\n",
 			o.startRate, o.factor, o.retries, o.refine, o.step, 100*o.maxShare, o.bound, o.disturbed)
 	}
@@ -509,20 +509,27 @@ func runOnce(ctx context.Context, o options, cfg loadgen.MixConfig, name string,
 // bound is run again (up to --disturbed times): every durable target waits
 // for such a sync before it acknowledges, so that step measured the disk of
 // a shared host, and a search ended by it would report the disk's stall
-// rather than the server's peak. The sinks are treated alike.
-func saturateOnce(ctx context.Context, o options, cfg loadgen.MixConfig, name string, probe *diskProbe,
+// rather than the server's peak. A target that never syncs (the sink, the
+// volatile floor) waits for no sync, so a stall does not explain its
+// failures; nor does it explain a step far beyond a server's capacity, but
+// such a step fails again when run again, so it costs time, not accuracy.
+func saturateOnce(ctx context.Context, o options, cfg loadgen.MixConfig, t target, probe *diskProbe,
 	results map[string][]loadgen.MixSummary, saturation map[string][]loadgen.SaturationResult) error {
-	res, err := loadgen.Saturate(ctx, cfg, loadgen.SaturationConfig{
+	name := t.name
+	sc := loadgen.SaturationConfig{
 		StartRate: o.startRate, Factor: o.factor, Step: o.step, Bound: o.bound,
 		MaxShare: o.maxShare, MaxSteps: 30, Refine: o.refine, Retries: o.retries,
-		MaxDisturbed: o.disturbed,
-		Disturbed: func(start, end time.Time) string {
+	}
+	if t.syncs {
+		sc.MaxDisturbed = o.disturbed
+		sc.Disturbed = func(start, end time.Time) string {
 			if d := probe.longestDuring(start, end); d > o.bound {
 				return fmt.Sprintf("the disk probe saw an fdatasync of %.0f ms", ms(d))
 			}
 			return ""
-		},
-	})
+		}
+	}
+	res, err := loadgen.Saturate(ctx, cfg, sc)
 	if err == nil {
 		err = ctx.Err()
 	}
@@ -547,6 +554,9 @@ type target struct {
 	alive            func() error
 	settle           func(context.Context) error // after each run
 	smtpOnly         bool
+	// syncs: the target fdatasyncs before it acknowledges, so a stalled
+	// disk can fail its saturation steps (saturateOnce).
+	syncs bool
 }
 
 // mixConfig is base aimed at t: its addresses and processes, and no
