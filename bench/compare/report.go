@@ -150,7 +150,13 @@ func printComparison(w io.Writer, results map[string][]loadgen.MixSummary) error
 		n, nok := median(results[sh.of], figureNamed(sh.num))
 		d, dok := median(results[sh.per], figureNamed(sh.den))
 		if nok && dok && d > 0 {
-			fmt.Fprintf(w, "%s%s: %.1f%%\n", sep, sh.label, 100*n/d)
+			// A saturation search that passes no rate adds no run, so
+			// the two medians can be of different rounds: say so.
+			unpaired := ""
+			if a, b := len(results[sh.of]), len(results[sh.per]); a != b {
+				unpaired = fmt.Sprintf(" (medians of %d and %d runs: not paired by round)", a, b)
+			}
+			fmt.Fprintf(w, "%s%s: %.1f%%%s\n", sep, sh.label, 100*n/d, unpaired)
 			sep = ""
 		}
 	}

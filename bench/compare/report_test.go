@@ -45,6 +45,18 @@ func TestSharesUseTheirFigures(t *testing.T) {
 				t.Errorf("%s loop: no %q in\n%s", mode, want, out.String())
 			}
 		}
+		if strings.Contains(out.String(), "not paired") {
+			t.Errorf("%s loop: one run each, yet a ratio is marked unpaired:\n%s", mode, out.String())
+		}
+		// A target with a round missing (a search that passed no rate).
+		results["sink"] = append(results["sink"], run(mode, 30000, 20000, 0))
+		out.Reset()
+		if err := printComparison(&out, results); err != nil {
+			t.Fatal(err)
+		}
+		if want := "quill delivered / sink accepted: 25.0% (medians of 1 and 2 runs: not paired by round)"; !strings.Contains(out.String(), want) {
+			t.Errorf("%s loop: no %q in\n%s", mode, want, out.String())
+		}
 		hasOffered := strings.Contains(out.String(), "offered tx/s  9000.0")
 		if hasOffered != (mode == "open") {
 			t.Errorf("%s loop: offered row shown %v:\n%s", mode, hasOffered, out.String())
