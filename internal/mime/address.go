@@ -70,13 +70,15 @@ type word struct {
 	raw, text string
 }
 
-func isAtomChar(c byte) bool {
-	return c > ' ' && c != 0x7f && strings.IndexByte(`()<>@,;:\"[]`, c) < 0
-}
+func isAtomChar(c byte) bool { return atomChars[c] }
 
-// words reads a phrase or a local part: words until a special.
-func (p *addrParser) words() []word {
-	var ws []word
+// atomChars is atext (RFC 5322 section 3.2.3) widened to every octet
+// above 0x7f, for the UTF-8 of RFC 6532.
+var atomChars = charClass(`()<>@,;:\"[]`)
+
+// words reads a phrase or a local part: words until a special, appended
+// to ws.
+func (p *addrParser) words(ws []word) []word {
 	for {
 		p.cfws()
 		if p.i >= len(p.s) {
@@ -101,6 +103,9 @@ func (p *addrParser) words() []word {
 }
 
 func phrase(ws []word) string {
+	if len(ws) == 1 {
+		return collapseWSP(ws[0].text)
+	}
 	var b strings.Builder
 	for i, w := range ws {
 		if i > 0 {
@@ -112,6 +117,9 @@ func phrase(ws []word) string {
 }
 
 func localPart(ws []word) string {
+	if len(ws) == 1 {
+		return ws[0].raw
+	}
 	var b strings.Builder
 	for _, w := range ws {
 		b.WriteString(w.raw)
@@ -133,6 +141,20 @@ func collapseWSP(s string) string {
 // around the dots (obs-domain).
 func (p *addrParser) domain() string {
 	var b strings.Builder
+	// one is the only piece read so far, a substring of s: the common
+	// case of one dot-atom, which then costs no copy.
+	var one string
+	add := func(piece string) {
+		if b.Len() == 0 && one == "" {
+			one = piece
+			return
+		}
+		if one != "" {
+			b.WriteString(one)
+			one = ""
+		}
+		b.WriteString(piece)
+	}
 	for {
 		p.cfws()
 		if p.i >= len(p.s) {
@@ -144,7 +166,7 @@ func (p *addrParser) domain() string {
 			if j < 0 {
 				j = len(p.s) - p.i - 1
 			}
-			b.WriteString(p.s[p.i : p.i+j+1])
+			add(p.s[p.i : p.i+j+1])
 			p.i += j + 1
 			continue
 		}
@@ -155,7 +177,10 @@ func (p *addrParser) domain() string {
 		for p.i < len(p.s) && isAtomChar(p.s[p.i]) {
 			p.i++
 		}
-		b.WriteString(p.s[start:p.i])
+		add(p.s[start:p.i])
+	}
+	if one != "" {
+		return one
 	}
 	return b.String()
 }
@@ -173,7 +198,8 @@ func mailbox(name, route, local, host string) Address {
 // element reads one address (a mailbox or a group) and appends it.
 func (p *addrParser) element(out []Address, inGroup bool) []Address {
 	p.comment = ""
-	ws := p.words()
+	var buf [4]word
+	ws := p.words(buf[:0])
 	if p.i >= len(p.s) {
 		if len(ws) > 0 {
 			out = append(out, mailbox("", "", localPart(ws), ""))
@@ -215,7 +241,7 @@ func (p *addrParser) element(out []Address, inGroup bool) []Address {
 		p.i++
 		name := phrase(ws)
 		route := p.route()
-		local := localPart(p.words())
+		local := localPart(p.words(ws[:0]))
 		var host string
 		if p.i < len(p.s) && p.s[p.i] == '@' {
 			p.i++

@@ -203,11 +203,20 @@ const maxReferences = 100
 // runs to the next ";" or white space (real mail has boundary=----=_Part
 // unquoted), and anything unparseable is skipped.
 
-func isTSpecial(c byte) bool {
-	return strings.IndexByte(`()<>@,;:\"/[]?=`, c) >= 0
-}
+func isTokenChar(c byte) bool { return tokenChars[c] }
 
-func isTokenChar(c byte) bool { return c > ' ' && c != 0x7f && !isTSpecial(c) }
+// tokenChars is RFC 2045 section 5.1's token, widened to every octet above
+// 0x7f as the address parser's atoms are.
+var tokenChars = charClass(`()<>@,;:\"/[]?=`)
+
+// charClass returns the octets that are neither controls, space, DEL nor
+// one of specials: a table, since the header parsers test every octet.
+func charClass(specials string) (t [256]bool) {
+	for c := '!'; c < 0x100; c++ {
+		t[c] = c != 0x7f && !strings.ContainsRune(specials, c)
+	}
+	return t
+}
 
 // skipCFWS skips white space and (nested) comments.
 func skipCFWS(s string, i int) int {
