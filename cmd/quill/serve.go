@@ -73,7 +73,8 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
-	log := newLogger(cfg.Log, stderr)
+	log, closeLog := newLogger(cfg.Log, stderr)
+	defer closeLog()
 	if from, to, ok := procs.Raise(); ok {
 		log.Info("scheduler threads raised to twice the CPUs (set GOMAXPROCS to choose)", "from", from, "to", to)
 	}
@@ -106,6 +107,7 @@ func serve(args []string, stdout, stderr io.Writer) error {
 		// A second signal abandons the drain.
 		<-sigs
 		log.Warn("second signal: exiting now")
+		closeLog()
 		os.Exit(1)
 	}()
 	if err := srv.Shutdown(ctx); err != nil {
@@ -114,12 +116,25 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	return runErr
 }
 
-func newLogger(c config.Log, w io.Writer) *slog.Logger {
+// newLogger returns the logger c describes, writing to w, and the function
+// that writes out what it holds back; call it before the process exits.
+func newLogger(c config.Log, w io.Writer) (*slog.Logger, func()) {
 	var level slog.Level
 	level.UnmarshalText([]byte(c.Level))
 	opts := &slog.HandlerOptions{Level: level}
-	if c.Format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+	var lw *logWriter
+	if c.FlushInterval.Duration > 0 {
+		lw = newLogWriter(w, c.FlushInterval.Duration)
+		w = lw
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	var h slog.Handler
+	if c.Format == "json" {
+		h = slog.NewJSONHandler(w, opts)
+	} else {
+		h = slog.NewTextHandler(w, opts)
+	}
+	if lw == nil {
+		return slog.New(h), func() {}
+	}
+	return slog.New(logFlusher{h, lw}), lw.Close
 }

@@ -135,6 +135,10 @@ type Cassandra struct {
 type Log struct {
 	Level  string `toml:"level"`  // debug, info, warn, error
 	Format string `toml:"format"` // text, json
+	// FlushInterval batches records below Warn into one write per
+	// interval (or per 64 KiB); warnings and errors are written at once.
+	// 0 writes every record as it is made.
+	FlushInterval Duration `toml:"flush_interval"`
 }
 
 // Duration is a time.Duration written as "5m" in TOML.
@@ -223,7 +227,7 @@ func Default() Config {
 			// sessions cost 200 reads/s (docs/cassandra.md has the table).
 			IdlePoll: Duration{5 * time.Second},
 		}},
-		Log: Log{Level: "info", Format: "text"},
+		Log: Log{Level: "info", Format: "text", FlushInterval: Duration{100 * time.Millisecond}},
 	}
 }
 
@@ -326,6 +330,9 @@ func (c *Config) Validate() error {
 	case "text", "json":
 	default:
 		bad("log.format %q is not text or json", c.Log.Format)
+	}
+	if c.Log.FlushInterval.Duration < 0 {
+		bad("log.flush_interval must not be negative")
 	}
 	return errors.Join(errs...)
 }

@@ -33,6 +33,8 @@ smtp = "127.0.0.1:25"
 imap = "off"
 [limits]
 command_timeout = "90s"
+[log]
+flush_interval = "0"
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -45,6 +47,9 @@ command_timeout = "90s"
 	}
 	if c.Domains[0] != "example.test" || c.Domains[1] != "example.org" {
 		t.Fatalf("domains not normalized: %v", c.Domains)
+	}
+	if c.Log.FlushInterval.Duration != 0 || Default().Log.FlushInterval.Duration == 0 {
+		t.Fatalf("log.flush_interval = %v, want 0 (default %v)", c.Log.FlushInterval, Default().Log.FlushInterval)
 	}
 	if c.Listeners.POP3 != Default().Listeners.POP3 {
 		t.Fatal("unset key did not keep its default")
@@ -65,11 +70,12 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	c.TLS.CertFile = "cert.pem"
 	c.Limits.MaxRecipients = 0
 	c.Store.Engine = "mongodb"
+	c.Log.FlushInterval.Duration = -time.Second
 	err := c.Validate()
 	if err == nil {
 		t.Fatal("invalid config accepted")
 	}
-	for _, want := range []string{"domain", "listeners.smtp", "key_file", "max_recipients", "store.engine"} {
+	for _, want := range []string{"domain", "listeners.smtp", "key_file", "max_recipients", "store.engine", "log.flush_interval"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not mention %s: %v", want, err)
 		}
