@@ -23,7 +23,9 @@ import (
 //     its chunks add up to its size or its log index entry agrees with it
 //     and its bytes lie within its log segment;
 //   - each log index entry belongs to a blob that points into that segment;
-//   - each user's usage equals the sum over its mailboxes.
+//   - each user's usage equals the sum over its mailboxes;
+//   - each mailbox listCache holds has exactly the message records the
+//     database has (checkLists).
 //
 // The log cleaner waits for the check: a segment it deleted after the
 // snapshot would look missing to the blobs the snapshot still shows in it.
@@ -220,7 +222,57 @@ func (e *Engine) Check(ctx context.Context) ([]string, error) {
 	for user := range usage {
 		report("mailboxes of %s: no such user", user)
 	}
+	if err := e.checkLists(ctx, report); err != nil {
+		return nil, err
+	}
 	return problems, nil
+}
+
+// checkLists compares listCache with the database. It runs as a
+// transaction, so that the committer holds still: each cached mailbox's
+// records, with the writes of the group's earlier transactions laid over
+// them, must be exactly the records the group's batch shows.
+func (e *Engine) checkLists(ctx context.Context, report func(string, ...any)) error {
+	var found []string
+	err := e.update(ctx, func(t *txn) error {
+		found = found[:0]
+		for id, l := range e.lists.m {
+			want := map[uint32]string{}
+			for i, uid := range l.uids {
+				want[uid] = string(l.vals[i])
+			}
+			for k, v := range t.messages {
+				if mb, uid, ok := mailboxOfMessageKey([]byte(k)); ok && mb == id {
+					if v == nil {
+						delete(want, uid)
+					} else {
+						want[uid] = string(v)
+					}
+				}
+			}
+			err := t.scan(messagePrefix(id), func(k, v []byte) error {
+				_, uid, _ := mailboxOfMessageKey(k)
+				if w, ok := want[uid]; !ok {
+					found = append(found, fmt.Sprintf("list cache of mailbox %s: lacks uid %d", id, uid))
+				} else if w != string(v) {
+					found = append(found, fmt.Sprintf("list cache of mailbox %s: uid %d differs", id, uid))
+				}
+				delete(want, uid)
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			for uid := range want {
+				found = append(found, fmt.Sprintf("list cache of mailbox %s: holds uid %d, which the database does not", id, uid))
+			}
+		}
+		return nil
+	})
+	for _, f := range found {
+		report("%s", f)
+	}
+	return err
 }
 
 // checkLogged checks a blob stored in the log against its index entry and

@@ -13,7 +13,7 @@
 //	                      keep its writes only if it succeeded
 //	    fence every mailbox the group touched at its pre-group state
 //	    append the group's bodies and batch to the log as one record; fdatasync
-//	    apply the batch to Pebble; update the caches (hot.go)
+//	    apply the batch to Pebble; update the caches (hot.go, lists.go)
 //	    lift the fences; answer every request
 //
 // The log is the write-ahead log (bodylog.go): Pebble runs without its own,
@@ -83,6 +83,9 @@ type Options struct {
 	// pruneExpunges), so the log follows a mailbox's size and recent
 	// activity, not every message it ever held.
 	ExpungeWindow uint64
+	// ListCacheBytes bounds the memory that holds active mailboxes'
+	// message records (listCache; default 32 MiB, negative disables it).
+	ListCacheBytes int
 }
 
 // Engine is the embedded store. It implements store.Store.
@@ -102,6 +105,8 @@ type Engine struct {
 
 	// hot and blobs are written by the committer only (hotCache).
 	hot, blobs *hotCache
+	// lists is written by the committer only (listCache).
+	lists *listCache
 	// txn is the committer's, reused by every group (commitGroup).
 	txn *txn
 	// inboxes is GetMailbox's memory of where users' INBOXes are.
@@ -143,6 +148,12 @@ func Open(dir string, opts Options) (*Engine, error) {
 	if opts.LogSegmentBytes == 0 {
 		opts.LogSegmentBytes = defaultSegmentBytes
 	}
+	switch {
+	case opts.ListCacheBytes == 0:
+		opts.ListCacheBytes = listCacheBytes
+	case opts.ListCacheBytes < 0:
+		opts.ListCacheBytes = 0
+	}
 	if err := opts.FS.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -183,6 +194,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 		hot:     newHotCache(hotCacheEntries, true),
 		inboxes: inboxHints{max: hotCacheEntries},
 		blobs:   newHotCache(blobCacheEntries, false),
+		lists:   newListCache(opts.ListCacheBytes),
 		stalls:  stalls,
 		commitLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "quill_store_commit_seconds",
@@ -196,10 +208,11 @@ func Open(dir string, opts Options) (*Engine, error) {
 		}),
 	}
 	e.txn = &txn{
-		e:       e,
-		own:     make(map[string]int),
-		touched: make(map[store.ID]store.Mailbox),
-		grouped: make(map[string][]byte),
+		e:        e,
+		own:      make(map[string]int),
+		touched:  make(map[store.ID]store.Mailbox),
+		grouped:  make(map[string][]byte),
+		messages: make(map[string][]byte),
 	}
 	if err := e.recover(dir); err != nil {
 		blog.close()
@@ -438,10 +451,12 @@ func (e *Engine) commitGroup(group []*request) {
 		if err != nil {
 			e.hot.reset()
 			e.blobs.reset()
+			e.lists.reset()
 		} else {
 			for k, v := range t.grouped {
 				e.cacheFor(k[0]).put(k, v)
 			}
+			e.lists.commit(t.touched, t.messages)
 			e.blog.addLive(t.deltas)
 		}
 		e.fenceMu.Lock()

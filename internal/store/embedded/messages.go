@@ -86,13 +86,28 @@ func (e *Engine) Append(ctx context.Context, mailbox store.ID, msgs []store.NewM
 	return out, nil
 }
 
-// ListMessages reads the mailbox record and the messages through one
+// ListMessages answers from listCache when it holds the mailbox. Otherwise
+// it reads the mailbox record and the messages through one
 // iterator, so both come from the same sequence number. When every present
 // message fits in limit it walks the range downwards and stops once it has
 // the record's count: the expunged messages' tombstones, which sit below
 // the present ones until a compaction drops them, are never visited. Under
 // POP3's retrieve-and-delete that walk was most of a login's cost.
 func (e *Engine) ListMessages(ctx context.Context, mailbox store.ID, from uint32, limit int) ([]store.Message, error) {
+	if uids, vals, ok := e.lists.list(mailbox, from, limit); ok {
+		out := make([]store.Message, len(uids))
+		for i, uid := range uids {
+			m, err := decodeMessage(uid, vals[i])
+			if err != nil {
+				return nil, err
+			}
+			out[i] = m
+		}
+		if f, ok := e.fenced(mailbox); ok {
+			out = clampMessages(out, f)
+		}
+		return out, nil
+	}
 	mk := mailboxKey(mailbox)
 	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: mk, UpperBound: append(mk[:len(mk):len(mk)], 0)})
 	if err != nil {
@@ -153,7 +168,13 @@ func clampMessages(msgs []store.Message, f store.Mailbox) []store.Message {
 }
 
 func (e *Engine) GetMessage(ctx context.Context, mailbox store.ID, uid uint32) (store.Message, error) {
-	v, err := e.get(e.db, messageKey(mailbox, uid))
+	v, known := e.lists.get(mailbox, uid)
+	var err error
+	if !known {
+		v, err = e.get(e.db, messageKey(mailbox, uid))
+	} else if v == nil {
+		err = store.ErrNotFound
+	}
 	if err != nil {
 		return store.Message{}, fmt.Errorf("message %d: %w", uid, err)
 	}

@@ -1,6 +1,7 @@
 package embedded
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -25,6 +26,11 @@ type txn struct {
 	// grouped holds the values of cached keys (see hotCache) written by the
 	// group's successful transactions so far; nil means deleted.
 	grouped map[string][]byte
+	// messages holds the values of the message records ('x') written by
+	// the group's successful transactions so far, nil meaning deleted:
+	// what listCache takes once the group is durable, and what the
+	// group's later transactions read before it.
+	messages map[string][]byte
 	// deltas are the changes in the log segments' live bytes made by the
 	// group's successful transactions, applied once the group commits.
 	deltas []segDelta
@@ -47,6 +53,7 @@ func (t *txn) reset(b *pebble.Batch) {
 	t.b = b
 	clear(t.touched)
 	clear(t.grouped)
+	clear(t.messages)
 	t.deltas = t.deltas[:0]
 }
 
@@ -73,6 +80,7 @@ func (t *txn) apply() {
 		switch {
 		case o.rangeEnd != nil:
 			err = t.b.DeleteRange(o.key, o.rangeEnd, nil)
+			t.forgetMessages(o.key)
 		case o.del:
 			err = t.b.Delete(o.key, nil)
 		default:
@@ -81,6 +89,13 @@ func (t *txn) apply() {
 		if err != nil {
 			// Batch writes fail only on programming errors (closed batch).
 			panic(fmt.Sprintf("embedded: batch write: %v", err))
+		}
+		if o.rangeEnd == nil && len(o.key) > 0 && o.key[0] == tMessage {
+			if o.del {
+				t.messages[string(o.key)] = nil
+			} else {
+				t.messages[string(o.key)] = o.value
+			}
 		}
 		if o.rangeEnd == nil && t.e.cacheOf(o.key) != nil {
 			if o.del {
@@ -92,6 +107,28 @@ func (t *txn) apply() {
 	}
 }
 
+// forgetMessages handles a prefix delete: when it covers a mailbox's
+// message records, the mailbox leaves listCache at once (dropping is
+// always safe) and the group's own writes of them are forgotten, so that
+// the commit cannot bring it back with records Pebble no longer has.
+func (t *txn) forgetMessages(p []byte) {
+	if len(p) == 0 || p[0] != tMessage {
+		return
+	}
+	if len(p) == 1+len(store.ID{}) {
+		var id store.ID
+		copy(id[:], p[1:])
+		t.e.lists.drop(id)
+	} else {
+		t.e.lists.reset()
+	}
+	for k := range t.messages {
+		if bytes.HasPrefix([]byte(k), p) {
+			delete(t.messages, k)
+		}
+	}
+}
+
 // get returns the value at k as this transaction sees it.
 func (t *txn) get(k []byte) ([]byte, error) {
 	if i, ok := t.own[string(k)]; ok {
@@ -99,6 +136,12 @@ func (t *txn) get(k []byte) ([]byte, error) {
 			return nil, store.ErrNotFound
 		}
 		return t.ops[i].value, nil
+	}
+	if v, ok := t.message(k); ok {
+		if v == nil {
+			return nil, store.ErrNotFound
+		}
+		return v, nil
 	}
 	c := t.e.cacheOf(k)
 	if c == nil {
@@ -122,6 +165,19 @@ func (t *txn) get(k []byte) ([]byte, error) {
 		return nil, store.ErrNotFound
 	}
 	return v, nil
+}
+
+// message answers a read of a message record from the group's writes or
+// listCache, when either knows it; nil means absent.
+func (t *txn) message(k []byte) ([]byte, bool) {
+	id, uid, ok := mailboxOfMessageKey(k)
+	if !ok {
+		return nil, false
+	}
+	if v, ok := t.messages[string(k)]; ok {
+		return v, true
+	}
+	return t.e.lists.lookup(id, uid)
 }
 
 func (t *txn) exists(k []byte) (bool, error) {
