@@ -48,9 +48,14 @@ type Options struct {
 	// MaxMessageBytes bounds a stored message (0: unbounded; the protocol
 	// layer bounds it too).
 	MaxMessageBytes int64
-	Notifier        Notifier
-	Logger          *slog.Logger
-	Registerer      prometheus.Registerer
+	// LazySummaries stores messages without a summary (store.Message.Meta):
+	// the first IMAP command that needs one computes it and keeps it
+	// (store.MetaSetter, docs/adr/0011). POP3, which never needs one, then
+	// costs no parse and a smaller record per message.
+	LazySummaries bool
+	Notifier      Notifier
+	Logger        *slog.Logger
+	Registerer    prometheus.Registerer
 }
 
 // inlineMax is the largest body delivered inline with its append
@@ -194,8 +199,8 @@ func (a *Agent) CheckSender(ctx context.Context, user string, from mail.Address)
 // recipient. It returns one result per recipient (nil: durably delivered)
 // or, if the body could not be stored at all, an error and no results.
 // Recipients that resolve to the same user get the message once and share
-// its result. The message's summary (internal/mime) is computed while the
-// body is read and kept as every copy's Meta.
+// its result. Unless LazySummaries, the message's summary (internal/mime) is
+// computed while the body is read and kept as every copy's Meta.
 func (a *Agent) Deliver(ctx context.Context, m Message) ([]error, error) {
 	first := map[string]int{} // user -> index of its first recipient
 	var unique []int
@@ -205,8 +210,12 @@ func (a *Agent) Deliver(ctx context.Context, m Message) ([]error, error) {
 			unique = append(unique, i)
 		}
 	}
-	parser := mime.NewParser()
-	body := io.TeeReader(m.Body, parser)
+	var parser *mime.Parser
+	body := m.Body
+	if !a.opts.LazySummaries {
+		parser = mime.NewParser()
+		body = io.TeeReader(m.Body, parser)
+	}
 	nm := store.NewMessage{InternalDate: m.ReceivedAt}
 	if len(unique) == 1 {
 		// One mailbox: a body that fits inlineMax goes to the store with
@@ -237,17 +246,8 @@ func (a *Agent) Deliver(ctx context.Context, m Message) ([]error, error) {
 		nm.Blob, nm.Size = blob, size
 	}
 	a.bytes.Add(float64(nm.Size))
-	// The summary must describe exactly the stored octets; if it cannot be
-	// kept, the message is stored without one and readers parse the blob.
-	if sum := parser.Summary(); sum.Size != nm.Size {
-		a.log.Error("message summary does not match the stored body", "summary_size", sum.Size, "size", nm.Size)
-	} else if meta, err := sum.MarshalBinary(); err != nil {
-		a.log.Error("encoding message summary", "err", err)
-	} else {
-		nm.Meta = meta
-		if sum.Anomalies != 0 {
-			a.log.Debug("malformed message stored", "anomalies", sum.Anomalies.String())
-		}
+	if parser != nil {
+		nm.Meta = a.summary(parser, nm.Size)
 	}
 	results := make([]error, len(m.Recipients))
 	if len(unique) == 1 {
@@ -278,6 +278,26 @@ func (a *Agent) Deliver(ctx context.Context, m Message) ([]error, error) {
 		}
 	}
 	return results, nil
+}
+
+// summary returns the encoded summary of the body parser read, or nil if
+// it cannot be kept: it must describe exactly the size octets stored, and
+// a message stored without one is parsed by its readers.
+func (a *Agent) summary(parser *mime.Parser, size int64) []byte {
+	sum := parser.Summary()
+	if sum.Size != size {
+		a.log.Error("message summary does not match the stored body", "summary_size", sum.Size, "size", size)
+		return nil
+	}
+	meta, err := sum.MarshalBinary()
+	if err != nil {
+		a.log.Error("encoding message summary", "err", err)
+		return nil
+	}
+	if sum.Anomalies != 0 {
+		a.log.Debug("malformed message stored", "anomalies", sum.Anomalies.String())
+	}
+	return meta
 }
 
 func (a *Agent) appendInbox(ctx context.Context, user string, nm store.NewMessage) error {

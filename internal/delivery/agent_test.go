@@ -257,6 +257,46 @@ func TestDeliverStoresSummary(t *testing.T) {
 	}
 }
 
+// With LazySummaries the body is stored byte-exact and without a summary,
+// for one mailbox (inline) and for several (one shared blob); the first
+// reader that needs one computes it (internal/imap).
+func TestDeliverLazySummaries(t *testing.T) {
+	_, e := setup(t)
+	a := NewAgent(e, Options{Domains: []string{"example.test"}, LazySummaries: true})
+	ctx := context.Background()
+	var rcpts []Recipient
+	for _, to := range []string{"alice@example.test", "bob@example.test"} {
+		r, err := a.Resolve(ctx, addr(t, to), ResolveOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rcpts = append(rcpts, r)
+	}
+	const body = "Subject: lazy\r\n\r\nno summary yet\r\n"
+	for _, to := range [][]Recipient{rcpts[:1], rcpts} {
+		res, err := a.Deliver(ctx, Message{Recipients: to, Body: strings.NewReader(body), ReceivedAt: time.Now()})
+		if err != nil || res[0] != nil || res[len(res)-1] != nil {
+			t.Fatalf("Deliver = %v, %v", res, err)
+		}
+	}
+	for user, n := range map[string]int{"alice@example.test": 2, "bob@example.test": 1} {
+		got := readInbox(t, e, user)
+		if len(got) != n || got[n-1] != body {
+			t.Fatalf("%s: inbox %q, want %d copies of the body", user, got, n)
+		}
+		mb, _ := e.GetMailbox(ctx, user, "INBOX")
+		msgs, err := e.ListMessages(ctx, mb.ID, 1, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			if len(m.Meta) != 0 {
+				t.Errorf("%s UID %d: stored with a summary", user, m.UID)
+			}
+		}
+	}
+}
+
 // A body to one mailbox goes inline with the append up to inlineMax and
 // through PutBlob beyond; either way it is stored byte-exact with a summary
 // of exactly those octets.

@@ -69,6 +69,10 @@ type View interface {
 	// Move copies without the quota check; the caller expunges the
 	// originals.
 	Move(ctx context.Context, uids []uint32, dest string) (mailbox.CopyResult, error)
+	// KeepsMeta reports whether KeepMeta stores anything; KeepMeta records
+	// summaries computed for messages stored without one, by UID.
+	KeepsMeta() bool
+	KeepMeta(ctx context.Context, metas map[uint32][]byte) error
 	Close()
 }
 

@@ -425,7 +425,38 @@ func (s *session) summary(ctx context.Context, m mailbox.Message, body *mailbox.
 	if err != nil {
 		return nil, fmt.Errorf("imap: parsing UID %d: %w", m.UID, err)
 	}
+	if len(m.Meta) == 0 && sum.Size == m.Size && s.view.KeepsMeta() {
+		if meta, err := sum.MarshalBinary(); err == nil {
+			if s.metas == nil {
+				s.metas = make(map[uint32][]byte)
+			}
+			s.metas[m.UID] = meta
+			if len(s.metas) >= keepMetaBatch {
+				s.keepMeta(ctx)
+			}
+		}
+	}
 	return sum, nil
+}
+
+// keepMetaBatch bounds the summaries a command holds before keeping them:
+// a FETCH of a large mailbox's envelopes keeps them a batch at a time.
+const keepMetaBatch = 256
+
+// keepMeta stores the summaries computed so far (session.metas) with the
+// selected mailbox's messages, in one store write, so that the next
+// command that needs them reads them instead of parsing the bodies again
+// (docs/adr/0011). A failure costs only that parsing: it is logged.
+func (s *session) keepMeta(ctx context.Context) {
+	if len(s.metas) == 0 {
+		return
+	}
+	if s.view != nil {
+		if err := s.view.KeepMeta(ctx, s.metas); err != nil {
+			s.log.Warn("imap: keeping message summaries", "user", s.user, "err", err)
+		}
+	}
+	clear(s.metas)
 }
 
 // fetchOne writes one FETCH response. Once it has begun writing, a failure

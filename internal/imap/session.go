@@ -56,6 +56,9 @@ type session struct {
 	closing bool
 	// buf is scratch space for responses rendered by internal/mime.
 	buf []byte
+	// metas holds the summaries the current command computed for messages
+	// of the selected mailbox stored without one, to be kept (keepMeta).
+	metas map[uint32][]byte
 }
 
 // command is one decoded command line's tag and name.
@@ -291,6 +294,7 @@ func (s *session) command(ctx context.Context, line []byte) {
 		return
 	}
 	text, err := h.run(s, ctx, d, c)
+	s.keepMeta(ctx)
 	if err != nil {
 		s.cfg.metrics.CommandError(label)
 	}

@@ -60,8 +60,8 @@ type Message struct {
 	Flags        []string // sorted
 	InternalDate time.Time
 	Size         int64
-	// Meta is the pre-computed message summary stored at delivery (nil
-	// for messages stored without one).
+	// Meta is the pre-computed message summary stored at delivery or
+	// kept by KeepMeta (nil for messages stored without one).
 	Meta []byte
 	blob store.ID
 }
@@ -370,6 +370,28 @@ func (v *View) Messages(ctx context.Context, uids []uint32, fn func(Message) err
 	}
 	if missing {
 		return ErrExpunged
+	}
+	return nil
+}
+
+// KeepsMeta reports whether KeepMeta stores anything: whether the store
+// records summaries computed after delivery (store.MetaSetter).
+func (v *View) KeepsMeta() bool {
+	_, ok := v.u.m.st.(store.MetaSetter)
+	return ok
+}
+
+// KeepMeta records summaries computed for messages stored without one
+// (Message.Meta), by UID, so that later readers need not parse their
+// bodies again. It is best effort: messages expunged meanwhile are
+// skipped, and a store that cannot record them keeps nothing.
+func (v *View) KeepMeta(ctx context.Context, metas map[uint32][]byte) error {
+	ms, ok := v.u.m.st.(store.MetaSetter)
+	if !ok || len(metas) == 0 {
+		return nil
+	}
+	if err := ms.SetMeta(ctx, v.id, metas); err != nil {
+		return classify(err, "keep message summaries")
 	}
 	return nil
 }

@@ -112,7 +112,9 @@ func (s *Server) Start() (err error) {
 	})
 	// The change hub wakes IMAP sessions (IDLE) when mail is delivered.
 	hub := mailbox.NewHub()
+	_, lazy := s.store.(store.MetaSetter)
 	agent := delivery.NewAgent(s.store, delivery.Options{
+		LazySummaries:       lazy,
 		Notifier:            hub,
 		Domains:             cfg.Domains,
 		Hostname:            cfg.Hostname,

@@ -300,6 +300,17 @@ type Store interface {
 	Close() error
 }
 
+// MetaSetter is implemented by an engine that can record a message's Meta
+// after the message was stored: delivery then stores none, and the first
+// reader that needs the summary computes it from the body and keeps it
+// (docs/adr/0011). Meta is derived data, so SetMeta changes no MODSEQ and
+// nothing a client sees; it sets the Meta of each UID in metas that still
+// exists and has none, and leaves the others as they are. It may be lost in
+// a crash (the next reader computes it again) but is never half-written.
+type MetaSetter interface {
+	SetMeta(ctx context.Context, mailbox ID, metas map[uint32][]byte) error
+}
+
 // BlobReader reads a stored body. It is not safe for concurrent use.
 type BlobReader interface {
 	io.ReadSeekCloser

@@ -15,8 +15,8 @@ import (
 	"quill/internal/store"
 )
 
-// Under concurrent deliveries, flag changes, expunges and mailbox
-// deletions, listCache must hold exactly the database's message records
+// Under concurrent deliveries, flag changes, expunges, summaries kept
+// (SetMeta) and mailbox deletions, listCache must hold exactly the database's message records
 // of every mailbox it holds, and the listings it answers must equal
 // Pebble's.
 func TestListCacheMatchesDatabase(t *testing.T) {
@@ -56,6 +56,8 @@ func TestListCacheMatchesDatabase(t *testing.T) {
 						uids = append(uids, m.UID)
 					}
 					_, _, err = e.Expunge(ctx, mb, uids)
+				case 3:
+					err = e.SetMeta(ctx, mb, map[uint32][]byte{msgs[0].UID: []byte("summary")})
 				}
 				if err != nil {
 					t.Error(err)

@@ -386,3 +386,35 @@ func (t *txn) pruneExpunges(m *store.Mailbox, window uint64) error {
 	m.ExpungeFloor = floor
 	return nil
 }
+
+// SetMeta implements store.MetaSetter. It rewrites only message records,
+// through the committer like any write, and reads no mailbox record for
+// update: it needs no fence, because a reader that sees the record before
+// or after it differs only in Meta, which both describe the same body.
+func (e *Engine) SetMeta(ctx context.Context, mailbox store.ID, metas map[uint32][]byte) error {
+	return e.update(ctx, func(t *txn) error {
+		for uid, meta := range metas {
+			if len(meta) == 0 {
+				continue
+			}
+			k := messageKey(mailbox, uid)
+			v, err := t.get(k)
+			if errors.Is(err, store.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			msg, err := decodeMessage(uid, v)
+			if err != nil {
+				return err
+			}
+			if len(msg.Meta) > 0 {
+				continue
+			}
+			msg.Meta = meta
+			t.set(k, encodeMessage(msg))
+		}
+		return nil
+	})
+}
