@@ -48,8 +48,8 @@ type Listeners struct {
 	LMTPSocket  string `toml:"lmtp_socket"` // RFC 2033 over a unix socket path ("" = none)
 	POP3        string `toml:"pop3"`        // STLS offered
 	POP3S       string `toml:"pop3s"`       // implicit TLS
-	IMAP        string `toml:"imap"`        // reserved: IMAP is not implemented yet
-	IMAPS       string `toml:"imaps"`       // reserved: IMAP is not implemented yet
+	IMAP        string `toml:"imap"`        // RFC 9051 and 3501, STARTTLS offered
+	IMAPS       string `toml:"imaps"`       // implicit TLS
 	Admin       string `toml:"admin"`       // health, readiness, metrics, user administration
 }
 
@@ -175,8 +175,8 @@ func Default() Config {
 			LMTP:        "127.0.0.1:2424",
 			POP3:        ":1110",
 			POP3S:       ":1995",
-			IMAP:        Off,
-			IMAPS:       Off,
+			IMAP:        ":1143",
+			IMAPS:       ":1993",
 			Admin:       "127.0.0.1:8080",
 		},
 		Limits: Limits{

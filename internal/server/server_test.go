@@ -28,6 +28,7 @@ func testConfig(t *testing.T) config.Config {
 	l := &cfg.Listeners
 	l.SMTP, l.Submission, l.Submissions, l.LMTP = "127.0.0.1:0", "off", "off", "off"
 	l.POP3, l.POP3S, l.Admin = "127.0.0.1:0", "off", "127.0.0.1:0"
+	l.IMAP, l.IMAPS = "off", "off"
 	// Unix socket paths are limited to ~107 bytes; t.TempDir can be long.
 	sock, err := os.MkdirTemp("", "qs")
 	if err != nil {
