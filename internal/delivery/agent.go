@@ -48,10 +48,10 @@ type Options struct {
 	// MaxMessageBytes bounds a stored message (0: unbounded; the protocol
 	// layer bounds it too).
 	MaxMessageBytes int64
-	// LazySummaries stores messages without a summary (store.Message.Meta):
-	// the first IMAP command that needs one computes it and keeps it
-	// (store.MetaSetter, docs/adr/0011). POP3, which never needs one, then
-	// costs no parse and a smaller record per message.
+	// LazySummaries stores messages without a summary (store.Message.Meta),
+	// for a server that serves no IMAP: POP3 never reads one, and the first
+	// IMAP command that needs one computes it and keeps it
+	// (store.MetaSetter, docs/adr/0011).
 	LazySummaries bool
 	Notifier      Notifier
 	Logger        *slog.Logger

@@ -112,7 +112,12 @@ func (s *Server) Start() (err error) {
 	})
 	// The change hub wakes IMAP sessions (IDLE) when mail is delivered.
 	hub := mailbox.NewHub()
+	// With no IMAP listener nothing reads a message's summary until one is
+	// enabled, and IMAP then computes and keeps the summaries of the
+	// messages delivered meanwhile (docs/adr/0011); with one, delivery
+	// computes them (ADR 0007).
 	_, lazy := s.store.(store.MetaSetter)
+	lazy = lazy && !config.Enabled(cfg.Listeners.IMAP) && !config.Enabled(cfg.Listeners.IMAPS)
 	agent := delivery.NewAgent(s.store, delivery.Options{
 		LazySummaries:       lazy,
 		Notifier:            hub,

@@ -214,3 +214,52 @@ func containsPrefix(lines []string, p string) bool {
 	}
 	return false
 }
+
+// Delivery computes a message's summary when the server serves IMAP, and
+// leaves it to IMAP's first use when it does not (docs/adr/0011).
+func TestSummariesFollowIMAP(t *testing.T) {
+	for _, imapAddr := range []string{"off", "127.0.0.1:0"} {
+		t.Run(imapAddr, func(t *testing.T) {
+			cfg := testConfig(t)
+			cfg.Listeners.IMAP = imapAddr
+			addUser(t, cfg, "alice@example.test")
+			s, err := New(cfg, slog.New(slog.DiscardHandler))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Start(); err != nil {
+				t.Fatal(err)
+			}
+			c, err := net.Dial("unix", cfg.Listeners.LMTPSocket)
+			if err != nil {
+				s.Shutdown(context.Background())
+				t.Fatal(err)
+			}
+			replies := converse(t, c, "LHLO client.example.test", "MAIL FROM:<sender@remote.test>",
+				"RCPT TO:<alice@example.test>", "DATA", "Subject: summary\r\n\r\nhello\r\n.")
+			c.Close()
+			if err := s.Shutdown(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if last := replies[len(replies)-1]; !strings.HasPrefix(last, "250 ") {
+				t.Fatalf("LMTP replies: %q", replies)
+			}
+			st, err := embedded.Open(filepath.Join(cfg.DataDir, StoreDir), embedded.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			inbox, err := st.GetMailbox(context.Background(), "alice@example.test", "INBOX")
+			if err != nil {
+				t.Fatal(err)
+			}
+			msgs, err := st.ListMessages(context.Background(), inbox.ID, 1, 10)
+			if err != nil || len(msgs) != 1 {
+				t.Fatalf("INBOX: %d messages, %v", len(msgs), err)
+			}
+			if got, want := len(msgs[0].Meta) > 0, config.Enabled(imapAddr); got != want {
+				t.Errorf("IMAP %s: message stored with a summary %v, want %v", imapAddr, got, want)
+			}
+		})
+	}
+}
