@@ -3,7 +3,6 @@ package embedded
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -201,16 +200,12 @@ func (e *Engine) SetFlags(ctx context.Context, mailbox store.ID, change store.Fl
 		}
 		modseq := m.HighestModSeq + 1
 		for _, uid := range change.UIDs {
-			v, err := t.get(messageKey(mailbox, uid))
-			if errors.Is(err, store.ErrNotFound) {
+			msg, ok, err := t.message(mailbox, uid)
+			if err != nil {
+				return err
+			}
+			if !ok {
 				continue
-			}
-			if err != nil {
-				return err
-			}
-			msg, err := decodeMessage(uid, v)
-			if err != nil {
-				return err
 			}
 			if change.UnchangedSince > 0 && msg.ModSeq > change.UnchangedSince {
 				res.Failed = append(res.Failed, uid)
@@ -247,16 +242,12 @@ func (e *Engine) Expunge(ctx context.Context, mailbox store.ID, uids []uint32) (
 		modseq = m.HighestModSeq + 1
 		var bytes int64
 		for _, uid := range uids {
-			v, err := t.get(messageKey(mailbox, uid))
-			if errors.Is(err, store.ErrNotFound) {
+			msg, ok, err := t.message(mailbox, uid)
+			if err != nil {
+				return err
+			}
+			if !ok {
 				continue
-			}
-			if err != nil {
-				return err
-			}
-			msg, err := decodeMessage(uid, v)
-			if err != nil {
-				return err
 			}
 			if err := t.addBlobRef(msg.Blob, -1); err != nil {
 				return err
@@ -397,23 +388,15 @@ func (e *Engine) SetMeta(ctx context.Context, mailbox store.ID, metas map[uint32
 			if len(meta) == 0 {
 				continue
 			}
-			k := messageKey(mailbox, uid)
-			v, err := t.get(k)
-			if errors.Is(err, store.ErrNotFound) {
-				continue
-			}
+			msg, ok, err := t.message(mailbox, uid)
 			if err != nil {
 				return err
 			}
-			msg, err := decodeMessage(uid, v)
-			if err != nil {
-				return err
-			}
-			if len(msg.Meta) > 0 {
+			if !ok || len(msg.Meta) > 0 {
 				continue
 			}
 			msg.Meta = meta
-			t.set(k, encodeMessage(msg))
+			t.set(messageKey(mailbox, uid), encodeMessage(msg))
 		}
 		return nil
 	})

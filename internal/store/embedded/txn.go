@@ -137,7 +137,7 @@ func (t *txn) get(k []byte) ([]byte, error) {
 		}
 		return t.ops[i].value, nil
 	}
-	if v, ok := t.message(k); ok {
+	if v, ok := t.cachedMessage(k); ok {
 		if v == nil {
 			return nil, store.ErrNotFound
 		}
@@ -167,9 +167,9 @@ func (t *txn) get(k []byte) ([]byte, error) {
 	return v, nil
 }
 
-// message answers a read of a message record from the group's writes or
-// listCache, when either knows it; nil means absent.
-func (t *txn) message(k []byte) ([]byte, bool) {
+// cachedMessage answers a read of a message record from the group's
+// writes or listCache, when either knows it; nil means absent.
+func (t *txn) cachedMessage(k []byte) ([]byte, bool) {
 	id, uid, ok := mailboxOfMessageKey(k)
 	if !ok {
 		return nil, false
@@ -178,6 +178,20 @@ func (t *txn) message(k []byte) ([]byte, bool) {
 		return v, true
 	}
 	return t.e.lists.lookup(id, uid)
+}
+
+// message reads and decodes the record of uid in mailbox as this
+// transaction sees it; ok is false when there is none.
+func (t *txn) message(mailbox store.ID, uid uint32) (msg store.Message, ok bool, err error) {
+	v, err := t.get(messageKey(mailbox, uid))
+	if errors.Is(err, store.ErrNotFound) {
+		return msg, false, nil
+	}
+	if err != nil {
+		return msg, false, err
+	}
+	msg, err = decodeMessage(uid, v)
+	return msg, err == nil, err
 }
 
 func (t *txn) exists(k []byte) (bool, error) {
