@@ -16,9 +16,9 @@ import (
 )
 
 // Under concurrent deliveries, flag changes, expunges, summaries kept
-// (SetMeta) and mailbox deletions, listCache must hold exactly the database's message records
-// of every mailbox it holds, and the listings it answers must equal
-// Pebble's.
+// (SetMeta) and mailbox deletions, listCache must hold exactly the
+// database's message records of every mailbox it holds, and the listings
+// it answers must equal Pebble's.
 func TestListCacheMatchesDatabase(t *testing.T) {
 	ctx := context.Background()
 	e := open(t, t.TempDir())
