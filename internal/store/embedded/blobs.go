@@ -9,8 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2"
-
 	"quill/internal/store"
 )
 
@@ -82,7 +80,7 @@ func (e *Engine) PutBlob(ctx context.Context, r io.Reader, maxSize int64) (store
 		}
 		if eof && chunks == 0 && len(group) == 0 {
 			return id, size, e.update(ctx, func(t *txn) error {
-				t.set(pendingKey(id), created)
+				t.insert(pendingKey(id), created)
 				t.putLogBlob(id, buf[:n], 0)
 				return nil
 			})
@@ -216,16 +214,13 @@ func (r *blobReader) load(n uint32) error {
 	if r.chunk != nil && r.cur == n {
 		return nil
 	}
-	v, closer, err := r.e.db.Get(chunkKey(r.id, n))
-	if errors.Is(err, pebble.ErrNotFound) {
-		return fmt.Errorf("blob %s chunk %d: %w", r.id, n, store.ErrNotFound)
-	}
+	v, err := r.e.read(chunkKey(r.id, n))
 	if err != nil {
-		return err
+		return fmt.Errorf("blob %s chunk %d: %w", r.id, n, err)
 	}
 	r.chunk = append(r.chunk[:0], v...)
 	r.cur = n
-	return closer.Close()
+	return nil
 }
 
 func (r *blobReader) ReadAt(p []byte, off int64) (int, error) {

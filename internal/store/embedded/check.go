@@ -32,6 +32,9 @@ import (
 func (e *Engine) Check(ctx context.Context) ([]string, error) {
 	e.blog.cleaning.Lock()
 	defer e.blog.cleaning.Unlock()
+	if err := e.checkpoint("check"); err != nil {
+		return nil, err
+	}
 	snap := e.db.NewSnapshot()
 	defer snap.Close()
 	var problems []string

@@ -13,12 +13,14 @@
 //	                      keep its writes only if it succeeded
 //	    fence every mailbox the group touched at its pre-group state
 //	    append the group's bodies and batch to the log as one record; fdatasync
-//	    apply the batch to Pebble; update the caches (hot.go, lists.go)
+//	    fold the batch's writes into the overlay (checkpoint.go);
+//	    update the caches (hot.go, lists.go)
 //	    lift the fences; answer every request
 //
 // The log is the write-ahead log (bodylog.go): Pebble runs without its own,
-// and a group is applied to Pebble only once its record is durable, so
-// nothing a reader sees can be lost by a crash.
+// and a group reaches the overlay only once its record is durable, so
+// nothing a reader sees can be lost by a crash. A checkpoint applies the
+// overlay's net effect to Pebble every few seconds.
 //
 // Because one goroutine assigns UIDs and MODSEQs and commits groups in order,
 // they are strictly increasing in commit order. Between applying a batch and
@@ -86,6 +88,13 @@ type Options struct {
 	// ListCacheBytes bounds the memory that holds active mailboxes'
 	// message records (listCache; default 32 MiB, negative disables it).
 	ListCacheBytes int
+	// CheckpointInterval is how long a durable write may wait in memory
+	// before a checkpoint applies it to Pebble (default 5 s; see
+	// checkpoint.go). Recovery replays at most about that much of the log.
+	CheckpointInterval time.Duration
+	// CheckpointBytes starts a checkpoint early once the writes waiting
+	// hold that many bytes (default 64 MiB).
+	CheckpointBytes int
 }
 
 // Engine is the embedded store. It implements store.Store.
@@ -111,6 +120,9 @@ type Engine struct {
 	txn *txn
 	// inboxes is GetMailbox's memory of where users' INBOXes are.
 	inboxes inboxHints
+	// pend holds durable writes not yet applied to Pebble (checkpoint.go).
+	pend     *overlay
+	ckptWake chan struct{}
 
 	fenceMu sync.RWMutex
 	fence   map[store.ID]store.Mailbox // mailboxes in the group being synced, pre-group state
@@ -118,6 +130,7 @@ type Engine struct {
 	commitLatency prometheus.Histogram
 	groupSize     prometheus.Histogram
 	stalls        *stallMeter
+	checkpointsBy *prometheus.CounterVec
 }
 
 var _ store.Store = (*Engine)(nil)
@@ -144,6 +157,12 @@ func Open(dir string, opts Options) (*Engine, error) {
 	}
 	if opts.ExpungeWindow == 0 {
 		opts.ExpungeWindow = 1024
+	}
+	if opts.CheckpointInterval <= 0 {
+		opts.CheckpointInterval = checkpointInterval
+	}
+	if opts.CheckpointBytes <= 0 {
+		opts.CheckpointBytes = checkpointBytes
 	}
 	if opts.LogSegmentBytes == 0 {
 		opts.LogSegmentBytes = defaultSegmentBytes
@@ -184,18 +203,24 @@ func Open(dir string, opts Options) (*Engine, error) {
 		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
 	}
 	e := &Engine{
-		db:      db,
-		blog:    blog,
-		opts:    opts,
-		log:     opts.Logger,
-		reqs:    make(chan *request, opts.MaxGroup),
-		quit:    make(chan struct{}),
-		fence:   make(map[store.ID]store.Mailbox),
-		hot:     newHotCache(hotCacheEntries, true),
-		inboxes: inboxHints{max: hotCacheEntries},
-		blobs:   newHotCache(blobCacheEntries, false),
-		lists:   newListCache(opts.ListCacheBytes),
-		stalls:  stalls,
+		db:       db,
+		blog:     blog,
+		opts:     opts,
+		log:      opts.Logger,
+		reqs:     make(chan *request, opts.MaxGroup),
+		quit:     make(chan struct{}),
+		fence:    make(map[store.ID]store.Mailbox),
+		hot:      newHotCache(hotCacheEntries, true),
+		inboxes:  inboxHints{max: hotCacheEntries},
+		blobs:    newHotCache(blobCacheEntries, false),
+		lists:    newListCache(opts.ListCacheBytes),
+		pend:     newOverlay(),
+		ckptWake: make(chan struct{}, 1),
+		stalls:   stalls,
+		checkpointsBy: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quill_store_checkpoints_total",
+			Help: "Checkpoints of the embedded store, by what started them.",
+		}, []string{"reason"}),
 		commitLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "quill_store_commit_seconds",
 			Help:    "Latency of one synced commit group of the embedded store.",
@@ -221,7 +246,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 	}
 	if opts.Registerer != nil {
 		for _, c := range []prometheus.Collector{e.commitLatency, e.groupSize,
-			e.stalls.count, e.stalls.seconds, pebbleCollector{e}} {
+			e.stalls.count, e.stalls.seconds, e.checkpointsBy, pebbleCollector{e}} {
 			if err := opts.Registerer.Register(c); err != nil {
 				blog.close()
 				db.Close()
@@ -229,10 +254,11 @@ func Open(dir string, opts Options) (*Engine, error) {
 			}
 		}
 	}
-	e.wg.Add(3)
+	e.wg.Add(4)
 	go e.commitLoop()
 	go e.sweepLoop()
 	go e.cleanLoop()
+	go e.checkpointLoop()
 	return e, nil
 }
 
@@ -289,7 +315,7 @@ func syncDirChain(fs vfs.FS, path string) error {
 }
 
 func (e *Engine) checkVersion() error {
-	v, err := e.get(e.db, []byte{tVersion})
+	v, err := e.read([]byte{tVersion})
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return err
 	}
@@ -319,9 +345,11 @@ func (e *Engine) Close() error {
 	close(e.quit)
 	e.closeMu.Unlock()
 	e.wg.Wait()
-	// A flush makes the next open replay nothing; without it the log
-	// still holds every acknowledged change.
-	if err := e.db.Flush(); err != nil {
+	// A checkpoint and a flush make the next open replay nothing; without
+	// them the log still holds every acknowledged change.
+	if err := e.checkpoint("close"); err != nil {
+		e.log.Warn("checkpointing the store at close", "err", err)
+	} else if err := e.db.Flush(); err != nil {
 		e.log.Warn("flushing the store at close", "err", err)
 	}
 	e.blog.close()
@@ -436,15 +464,25 @@ func (e *Engine) commitGroup(group []*request) {
 			e.fence[id] = m
 		}
 		e.fenceMu.Unlock()
-		if err = b.Set([]byte{tLogPos}, encodeLogPos(pos), nil); err == nil {
-			err = e.blog.commit(b.Repr())
+		lp := encodeLogPos(pos)
+		if err = e.pend.err(); err == nil {
+			err = b.Set([]byte{tLogPos}, lp, nil)
 		}
 		if err == nil {
+			err = e.blog.commit(b.Repr())
+		}
+		switch {
+		case err != nil:
+		case t.direct:
+			// A range delete: the overlay was applied before it
+			// (txn.apply), and the group follows it into Pebble.
 			if err = b.Commit(pebble.NoSync); err != nil {
 				// The log holds a change Pebble does not: only a
 				// recovery can reconcile them.
 				e.blog.failed = err
 			}
+		default:
+			e.pend.merge(append(t.written, op{key: []byte{tLogPos}, value: lp}))
 		}
 		// The caches take the group's values before the fences lift,
 		// so that no reader sees them disagree (hotCache).
@@ -454,7 +492,9 @@ func (e *Engine) commitGroup(group []*request) {
 			e.lists.reset()
 		} else {
 			for k, v := range t.grouped {
-				e.cacheFor(k[0]).put(k, v)
+				if c := e.cacheFor(k[0]); c != nil {
+					c.put(k, v)
+				}
 			}
 			e.lists.commit(t.touched, t.messages)
 			e.blog.addLive(t.deltas)
@@ -466,6 +506,12 @@ func (e *Engine) commitGroup(group []*request) {
 		e.fenceMu.Unlock()
 		e.commitLatency.Observe(time.Since(start).Seconds())
 		e.groupSize.Observe(float64(ok))
+		if err == nil && e.pend.due(e.opts.CheckpointInterval, e.opts.CheckpointBytes) {
+			select {
+			case e.ckptWake <- struct{}{}:
+			default:
+			}
+		}
 	}
 	if err != nil {
 		e.log.Error("store commit failed", "err", err, "group", len(group))

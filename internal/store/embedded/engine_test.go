@@ -447,7 +447,8 @@ func TestHotCacheHoldsCommittedRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Read through the committer so that it runs strictly after every
-	// write above, then compare with the database.
+	// write above, then compare with the committed state (the overlay
+	// over Pebble).
 	if err := e.update(ctx, func(*txn) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
@@ -455,7 +456,7 @@ func TestHotCacheHoldsCommittedRecords(t *testing.T) {
 	e.reqs <- &request{fn: func(*txn) error {
 		for name, c := range map[string]*hotCache{"hot": e.hot, "blob": e.blobs} {
 			for k, v := range c.m {
-				got, err := e.get(e.db, []byte(k))
+				got, err := e.read([]byte(k))
 				if errors.Is(err, store.ErrNotFound) {
 					got = nil
 				} else if err != nil {

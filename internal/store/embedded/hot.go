@@ -119,7 +119,8 @@ func (c *hotCache) reset() {
 }
 
 // getCommitted returns the committed value at k for a reader outside the
-// committer: from its cache when one holds k, else from the database. Like
+// committer: from its cache when one holds k, else from the overlay and
+// Pebble (Engine.read). Like
 // get, it returns store.ErrNotFound for a missing key.
 func (e *Engine) getCommitted(k []byte) ([]byte, error) {
 	if c := e.cacheOf(k); c != nil {
@@ -130,5 +131,5 @@ func (e *Engine) getCommitted(k []byte) ([]byte, error) {
 			return v, nil
 		}
 	}
-	return e.get(e.db, k)
+	return e.read(k)
 }

@@ -21,6 +21,9 @@ const moveBatchBytes = 512 << 10
 // countLive sets every segment's live bytes from the log index; at open,
 // before the committer starts.
 func (e *Engine) countLive() error {
+	if err := e.checkpoint("open"); err != nil {
+		return err
+	}
 	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: []byte{tLogged}, UpperBound: []byte{tLogged + 1}})
 	if err != nil {
 		return err
@@ -90,8 +93,13 @@ func (e *Engine) cleanLog(force bool) error {
 	}
 	l.mu.Unlock()
 	if waiting > 0 && (force || waiting >= cleanAfterSegments) {
-		// Every record of a sealed segment was applied before the flush
-		// begins, so the flush puts them all in tables.
+		// Every record of a sealed segment was in the overlay before it
+		// was sealed (the log moves to a new segment between groups),
+		// so this checkpoint applies them all and the flush puts them in
+		// tables, with a log position past the segment.
+		if err := e.checkpoint("clean"); err != nil {
+			return err
+		}
 		if err := e.db.Flush(); err != nil {
 			return err
 		}
@@ -126,7 +134,9 @@ func (e *Engine) cleanLog(force bool) error {
 // count only says when to look.
 func (e *Engine) dropSegment(s *segment) error {
 	p := loggedPrefix(s.id)
-	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: prefixEnd(p)})
+	// The deletions of its entries, moveLive's among them, may still be
+	// in the overlay; no write there adds one to a sealed segment.
+	it, _, err := e.spanView(segSpan(s.id), p, prefixEnd(p), nil, false)
 	if err != nil {
 		return err
 	}

@@ -71,7 +71,7 @@ func (e *Engine) GetMailbox(ctx context.Context, user, name string) (store.Mailb
 			}
 		}
 	}
-	v, err := e.get(e.db, nameKey(user, name))
+	v, err := e.read(nameKey(user, name))
 	if err != nil {
 		return store.Mailbox{}, fmt.Errorf("mailbox %s of %s: %w", name, user, err)
 	}
@@ -136,6 +136,9 @@ func (e *Engine) GetMailboxByID(ctx context.Context, id store.ID) (store.Mailbox
 
 func (e *Engine) ListMailboxes(ctx context.Context, user string) ([]store.Mailbox, error) {
 	p := namePrefix(user)
+	if err := e.settle(p); err != nil {
+		return nil, err
+	}
 	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: prefixEnd(p)})
 	if err != nil {
 		return nil, err

@@ -8,8 +8,6 @@ import (
 	"slices"
 	"sort"
 
-	"github.com/cockroachdb/pebble/v2"
-
 	"quill/internal/store"
 )
 
@@ -70,8 +68,8 @@ func (e *Engine) Append(ctx context.Context, mailbox store.ID, msgs []store.NewM
 			msg.UID = m.UIDNext
 			msg.ModSeq = m.HighestModSeq
 			m.UIDNext++
-			t.set(messageKey(m.ID, msg.UID), encodeMessage(msg))
-			t.set(changeKey(m.ID, msg.ModSeq, msg.UID), []byte{byte(store.ChangeAdded)})
+			t.insert(messageKey(m.ID, msg.UID), encodeMessage(msg))
+			t.insert(changeKey(m.ID, msg.ModSeq, msg.UID), []byte{byte(store.ChangeAdded)})
 			out[i] = msg
 		}
 		m.Messages += uint32(len(out))
@@ -86,9 +84,10 @@ func (e *Engine) Append(ctx context.Context, mailbox store.ID, msgs []store.NewM
 }
 
 // ListMessages answers from listCache when it holds the mailbox. Otherwise
-// it reads the mailbox record and the messages through one
-// iterator, so both come from the same sequence number. When every present
-// message fits in limit it walks the range downwards and stops once it has
+// it reads the mailbox record and the messages through one view of the
+// overlay and Pebble (spanView), so both come from the same state. When the
+// overlay holds none of the mailbox's messages and every present message
+// fits in limit it walks Pebble's range downwards and stops once it has
 // the record's count: the expunged messages' tombstones, which sit below
 // the present ones until a compaction drops them, are never visited. Under
 // POP3's retrieve-and-delete that walk was most of a login's cost.
@@ -107,48 +106,44 @@ func (e *Engine) ListMessages(ctx context.Context, mailbox store.ID, from uint32
 		}
 		return out, nil
 	}
-	mk := mailboxKey(mailbox)
-	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: mk, UpperBound: append(mk[:len(mk):len(mk)], 0)})
+	p := messagePrefix(mailbox)
+	v, mrec, err := e.spanView(boxSpan(mailbox), binary.BigEndian.AppendUint32(append([]byte(nil), p...), from), prefixEnd(p), nil, true)
 	if err != nil {
 		return nil, err
 	}
-	defer it.Close()
+	defer v.Close()
 	present := -1 // unknown
-	if it.First() {
-		m, err := decodeMailbox(it.Value())
+	if mrec != nil {
+		m, err := decodeMailbox(mrec)
 		if err != nil {
 			return nil, err
 		}
 		present = int(m.Messages)
 	}
-	if err := it.Error(); err != nil {
-		return nil, err
-	}
-	p := messagePrefix(mailbox)
-	it.SetBounds(binary.BigEndian.AppendUint32(append([]byte(nil), p...), from), prefixEnd(p))
 	var out []store.Message
-	add := func() error {
-		m, err := decodeMessage(binary.BigEndian.Uint32(it.Key()[len(p):]), it.Value())
+	add := func(k, val []byte) error {
+		m, err := decodeMessage(binary.BigEndian.Uint32(k[len(p):]), val)
 		out = append(out, m)
 		return err
 	}
-	if present >= 0 && present <= limit {
+	if len(v.ov) == 0 && present >= 0 && present <= limit {
 		// Never step past the last one needed: that Prev would walk the
 		// tombstones below it.
+		it := v.it
 		for ok := present > 0 && it.Last(); ok; ok = len(out) < present && it.Prev() {
-			if err := add(); err != nil {
+			if err := add(it.Key(), it.Value()); err != nil {
 				return nil, err
 			}
 		}
 		slices.Reverse(out)
 	} else {
-		for it.First(); it.Valid() && len(out) < limit; it.Next() {
-			if err := add(); err != nil {
+		for ok := v.First(); ok && len(out) < limit; ok = v.Next() {
+			if err := add(v.key, v.value); err != nil {
 				return nil, err
 			}
 		}
 	}
-	if err := it.Error(); err != nil {
+	if err := v.Error(); err != nil {
 		return nil, err
 	}
 	if f, ok := e.fenced(mailbox); ok {
@@ -170,7 +165,7 @@ func (e *Engine) GetMessage(ctx context.Context, mailbox store.ID, uid uint32) (
 	v, known := e.lists.get(mailbox, uid)
 	var err error
 	if !known {
-		v, err = e.get(e.db, messageKey(mailbox, uid))
+		v, err = e.read(messageKey(mailbox, uid))
 	} else if v == nil {
 		err = store.ErrNotFound
 	}
@@ -218,7 +213,7 @@ func (e *Engine) SetFlags(ctx context.Context, mailbox store.ID, change store.Fl
 			t.del(changeKey(mailbox, msg.ModSeq, uid))
 			msg.Flags, msg.ModSeq = next, modseq
 			t.set(messageKey(mailbox, uid), encodeMessage(msg))
-			t.set(changeKey(mailbox, modseq, uid), []byte{byte(store.ChangeFlags)})
+			t.insert(changeKey(mailbox, modseq, uid), []byte{byte(store.ChangeFlags)})
 			res.Changed = append(res.Changed, msg)
 		}
 		if len(res.Changed) > 0 {
@@ -265,7 +260,7 @@ func (e *Engine) Expunge(ctx context.Context, mailbox store.ID, uids []uint32) (
 		gone = slices.Compact(gone)
 		for rest := gone; len(rest) > 0; {
 			n := min(len(rest), maxExpungedPerEntry)
-			t.set(changeKey(mailbox, modseq, rest[0]), encodeExpunged(rest[:n]))
+			t.insert(changeKey(mailbox, modseq, rest[0]), encodeExpunged(rest[:n]))
 			rest = rest[n:]
 		}
 		m.HighestModSeq = modseq
@@ -286,14 +281,14 @@ func (e *Engine) Changes(ctx context.Context, mailbox store.ID, since uint64, li
 	if since == math.MaxUint64 {
 		return nil, nil
 	}
-	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: prefixEnd(p)})
+	it, _, err := e.spanView(boxSpan(mailbox), lower, prefixEnd(p), nil, false)
 	if err != nil {
 		return nil, err
 	}
 	defer it.Close()
 	var out []store.Change
-	for it.First(); it.Valid(); it.Next() {
-		k := it.Key()[len(p):]
+	for ok := it.First(); ok; ok = it.Next() {
+		k := it.key[len(p):]
 		if len(k) != 12 {
 			return nil, errCorrupt
 		}
@@ -301,7 +296,7 @@ func (e *Engine) Changes(ctx context.Context, mailbox store.ID, since uint64, li
 		if n := len(out); n > 0 && n >= limit && modseq != out[n-1].ModSeq {
 			break
 		}
-		if out, err = decodeChanges(out, modseq, binary.BigEndian.Uint32(k[8:]), it.Value()); err != nil {
+		if out, err = decodeChanges(out, modseq, binary.BigEndian.Uint32(k[8:]), it.value); err != nil {
 			return nil, err
 		}
 	}
@@ -311,7 +306,7 @@ func (e *Engine) Changes(ctx context.Context, mailbox store.ID, since uint64, li
 	// The floor is read after the iterator's snapshot, from the latest
 	// state rather than the fenced one: a prune the iterator saw raised
 	// it in the same batch, and it never goes down.
-	v, err := e.get(e.db, mailboxKey(mailbox))
+	v, err := e.read(mailboxKey(mailbox))
 	if err != nil {
 		return nil, fmt.Errorf("mailbox %s: %w", mailbox, err)
 	}
@@ -350,28 +345,29 @@ func (t *txn) pruneExpunges(m *store.Mailbox, window uint64) error {
 	}
 	to := m.HighestModSeq - window
 	lo, hi := changeKey(m.ID, m.ExpungeFloor+1, 0), changeKey(m.ID, to+1, 0)
-	it, err := t.b.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	it, _, err := t.e.spanView(boxSpan(m.ID), lo, hi, t.grouped, false)
 	if err != nil {
 		return err
 	}
 	defer it.Close()
 	floor, read := to, 0
-	for it.First(); it.Valid(); it.Next() {
-		k := it.Key()
+	valid := it.First()
+	for ; valid; valid = it.Next() {
+		k := it.key
 		ms := binary.BigEndian.Uint64(k[1+len(m.ID):])
 		if read >= pruneBatch && ms != floor {
 			break
 		}
 		floor = ms
 		read++
-		if v := it.Value(); len(v) > 0 && store.ChangeKind(v[0]) == store.ChangeExpunged {
+		if v := it.value; len(v) > 0 && store.ChangeKind(v[0]) == store.ChangeExpunged {
 			t.del(append([]byte(nil), k...))
 		}
 	}
 	if err := it.Error(); err != nil {
 		return err
 	}
-	if !it.Valid() {
+	if !valid {
 		floor = to
 	}
 	m.ExpungeFloor = floor

@@ -52,6 +52,11 @@ var (
 		"Bytes held by the block cache (store.cache_bytes bounds it).", nil, nil)
 	descMemtableBytes = prometheus.NewDesc("quill_store_memtable_bytes",
 		"Bytes held by memtables, including those waiting for a flush or for their readers.", nil, nil)
+	descOverlayBytes = prometheus.NewDesc("quill_store_overlay_bytes",
+		"Bytes of durable writes waiting in memory for the next checkpoint to apply them to the tables.", nil, nil)
+	descOverlayRecords = prometheus.NewDesc("quill_store_overlay_records_total",
+		"Records that left the overlay since the store was opened: applied by a checkpoint, or cancelled (written and deleted between two checkpoints, so never applied).",
+		[]string{"outcome"}, nil)
 )
 
 // pebbleCollector exports pebble.Metrics. It stops reporting once the
@@ -62,7 +67,7 @@ type pebbleCollector struct{ e *Engine }
 func (c pebbleCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDiskBytes, descLogBytes, descLogLiveBytes, descLogSegments, descLogRemoved, descLogMoved, descLevelBytes, descL0Sublevels, descReadAmp,
 		descDebt, descCompactions, descFlushes, descWritten, descCacheHits, descCacheMisses,
-		descCacheBytes, descMemtableBytes} {
+		descCacheBytes, descMemtableBytes, descOverlayBytes, descOverlayRecords} {
 		ch <- d
 	}
 }
@@ -105,6 +110,10 @@ func (c pebbleCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descCacheMisses, float64(m.BlockCache.Misses))
 	gauge(descCacheBytes, float64(m.BlockCache.Size))
 	gauge(descMemtableBytes, float64(m.MemTable.Size))
+	o := c.e.pend.stats()
+	gauge(descOverlayBytes, float64(o.bytes))
+	counter(descOverlayRecords, float64(o.applied), "applied")
+	counter(descOverlayRecords, float64(o.cancelled), "cancelled")
 }
 
 // stallMeter counts Pebble's write stalls: while one lasts, every commit

@@ -62,6 +62,9 @@ func TestStoreMetrics(t *testing.T) {
 	for range n {
 		last = appendOne(t, e, inbox.ID, body)
 	}
+	if err := e.checkpoint("test"); err != nil {
+		t.Fatal(err)
+	}
 	if err := e.db.Flush(); err != nil {
 		t.Fatal(err)
 	}

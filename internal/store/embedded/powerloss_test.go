@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
@@ -21,11 +22,21 @@ import (
 // byte-exact, and every UID a reader had observed (a UID once seen is never
 // handed out again). A kill -9 cannot show this: the kernel keeps the
 // process's unsynced writes.
+//
+// With checkpoints every millisecond the crash strikes while checkpoints
+// apply the overlay to memtables that are not yet flushed; with the
+// default interval most acknowledged writes are in the overlay alone.
 func TestPowerLoss(t *testing.T) {
 	for _, unsynced := range []int{0, 50, 100} {
-		t.Run(fmt.Sprintf("unsynced%d", unsynced), func(t *testing.T) {
-			powerLoss(t, unsynced, int64(unsynced)+1)
-		})
+		for _, every := range []time.Duration{time.Millisecond, 0} {
+			name := "default"
+			if every > 0 {
+				name = every.String()
+			}
+			t.Run(fmt.Sprintf("unsynced%d/checkpoint-%s", unsynced, name), func(t *testing.T) {
+				powerLoss(t, unsynced, int64(unsynced)+1, every)
+			})
+		}
 	}
 }
 
@@ -35,7 +46,7 @@ type acked struct {
 	body    string
 }
 
-func powerLoss(t *testing.T, unsyncedPercent int, seed int64) {
+func powerLoss(t *testing.T, unsyncedPercent int, seed int64, checkpointEvery time.Duration) {
 	ctx := context.Background()
 	fs := vfs.NewCrashableMem()
 	// A 1 MiB memtable and 128 KiB log segments make memtables flush and
@@ -43,7 +54,7 @@ func powerLoss(t *testing.T, unsyncedPercent int, seed int64) {
 	// two messages in three, so the cleaner deletes segments and copies
 	// live bodies forward while the crash may strike: acknowledged data
 	// must survive all of those transitions too.
-	e, err := Open("/quill", Options{FS: fs, MemTableBytes: 1 << 20, LogSegmentBytes: 128 << 10})
+	e, err := Open("/quill", Options{FS: fs, MemTableBytes: 1 << 20, LogSegmentBytes: 128 << 10, CheckpointInterval: checkpointEvery})
 	if err != nil {
 		t.Fatal(err)
 	}

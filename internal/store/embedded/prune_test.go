@@ -16,6 +16,9 @@ import (
 // and the expunges.
 func logEntries(t *testing.T, e *Engine, mbox store.ID) (all, expunges int) {
 	t.Helper()
+	if err := e.checkpoint("test"); err != nil {
+		t.Fatal(err)
+	}
 	p := changePrefix(mbox)
 	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: prefixEnd(p)})
 	if err != nil {

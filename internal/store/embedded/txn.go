@@ -23,9 +23,18 @@ type txn struct {
 	own     map[string]int // key -> index in ops of its latest write
 	touched map[store.ID]store.Mailbox
 	added   []store.ID // mailboxes first touched by the current transaction
-	// grouped holds the values of cached keys (see hotCache) written by the
-	// group's successful transactions so far; nil means deleted.
+	// grouped holds the values of the keys written by the group's
+	// successful transactions so far, nil meaning deleted: what the
+	// group's later transactions read before the overlay and Pebble, and,
+	// for cached keys (see hotCache), what the caches take once the group
+	// is durable.
 	grouped map[string][]byte
+	// written is the group's point writes in order: what the overlay
+	// takes once the group is durable.
+	written []op
+	// direct: the group deletes a key range, so it is applied to Pebble
+	// itself, after the overlay (checkpoint.go).
+	direct bool
 	// messages holds the values of the message records ('x') written by
 	// the group's successful transactions so far, nil meaning deleted:
 	// what listCache takes once the group is durable, and what the
@@ -43,6 +52,8 @@ type op struct {
 	key, value []byte
 	del        bool
 	rangeEnd   []byte // non-nil: delete [key, rangeEnd)
+	// fresh: the key did not exist before this write (txn.insert).
+	fresh bool
 }
 
 // reset readies the committer's txn for a new group on batch b. The txn
@@ -54,6 +65,9 @@ func (t *txn) reset(b *pebble.Batch) {
 	clear(t.touched)
 	clear(t.grouped)
 	clear(t.messages)
+	clear(t.written) // drop the references to the last group's keys and values
+	t.written = t.written[:0]
+	t.direct = false
 	t.deltas = t.deltas[:0]
 }
 
@@ -79,8 +93,18 @@ func (t *txn) apply() {
 		var err error
 		switch {
 		case o.rangeEnd != nil:
+			// The overlay holds point writes only: it goes to Pebble
+			// before the range delete, and this group after it. A
+			// failed checkpoint fails the group (commitGroup).
+			_ = t.e.checkpoint("commit")
+			t.direct = true
 			err = t.b.DeleteRange(o.key, o.rangeEnd, nil)
 			t.forgetMessages(o.key)
+			for k := range t.grouped {
+				if k >= string(o.key) && k < string(o.rangeEnd) {
+					delete(t.grouped, k)
+				}
+			}
 		case o.del:
 			err = t.b.Delete(o.key, nil)
 		default:
@@ -90,19 +114,17 @@ func (t *txn) apply() {
 			// Batch writes fail only on programming errors (closed batch).
 			panic(fmt.Sprintf("embedded: batch write: %v", err))
 		}
-		if o.rangeEnd == nil && len(o.key) > 0 && o.key[0] == tMessage {
-			if o.del {
-				t.messages[string(o.key)] = nil
-			} else {
-				t.messages[string(o.key)] = o.value
-			}
+		if o.rangeEnd != nil {
+			continue
 		}
-		if o.rangeEnd == nil && t.e.cacheOf(o.key) != nil {
-			if o.del {
-				t.grouped[string(o.key)] = nil
-			} else {
-				t.grouped[string(o.key)] = o.value
-			}
+		t.written = append(t.written, o)
+		v := o.value
+		if o.del {
+			v = nil
+		}
+		t.grouped[string(o.key)] = v
+		if o.key[0] == tMessage {
+			t.messages[string(o.key)] = v
 		}
 	}
 }
@@ -137,29 +159,29 @@ func (t *txn) get(k []byte) ([]byte, error) {
 		}
 		return t.ops[i].value, nil
 	}
-	if v, ok := t.cachedMessage(k); ok {
-		if v == nil {
-			return nil, store.ErrNotFound
-		}
-		return v, nil
-	}
-	c := t.e.cacheOf(k)
-	if c == nil {
-		return t.e.get(t.b, k)
-	}
 	v, ok := t.grouped[string(k)]
 	if !ok {
+		v, ok = t.cachedMessage(k)
+	}
+	c := t.e.cacheOf(k)
+	if !ok && c != nil {
 		v, ok = c.get(k)
 	}
 	if !ok {
-		// Not written in this group: the batch reads through to the
-		// committed database.
-		var err error
-		v, err = t.e.get(t.b, k)
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			return nil, err
+		// Not written in this group: the overlay, then the batch, which
+		// reads through to Pebble (and holds this group's range
+		// deletes, which only follow an empty overlay).
+		v, ok = t.e.pend.lookup(k)
+		if !ok {
+			var err error
+			v, err = t.e.get(t.b, k)
+			if err != nil && !errors.Is(err, store.ErrNotFound) {
+				return nil, err
+			}
 		}
-		c.put(string(k), v)
+		if c != nil {
+			c.put(string(k), v)
+		}
 	}
 	if v == nil {
 		return nil, store.ErrNotFound
@@ -167,15 +189,12 @@ func (t *txn) get(k []byte) ([]byte, error) {
 	return v, nil
 }
 
-// cachedMessage answers a read of a message record from the group's
-// writes or listCache, when either knows it; nil means absent.
+// cachedMessage answers a read of a message record from listCache, when
+// it knows it; nil means absent.
 func (t *txn) cachedMessage(k []byte) ([]byte, bool) {
 	id, uid, ok := mailboxOfMessageKey(k)
 	if !ok {
 		return nil, false
-	}
-	if v, ok := t.messages[string(k)]; ok {
-		return v, true
 	}
 	return t.e.lists.lookup(id, uid)
 }
@@ -207,6 +226,14 @@ func (t *txn) set(k, v []byte) {
 	t.ops = append(t.ops, op{key: k, value: v})
 }
 
+// insert sets k, which the caller knows does not exist (a new UID's
+// message record, a new MODSEQ's change entry, a new blob's records): if
+// it is deleted before the next checkpoint, neither write reaches Pebble.
+func (t *txn) insert(k, v []byte) {
+	t.own[string(k)] = len(t.ops)
+	t.ops = append(t.ops, op{key: k, value: v, fresh: true})
+}
+
 func (t *txn) del(k []byte) {
 	t.own[string(k)] = len(t.ops)
 	t.ops = append(t.ops, op{key: k, del: true})
@@ -225,6 +252,9 @@ func (t *txn) deletePrefix(p []byte) {
 // scan calls fn for every committed-or-grouped key with prefix p (not the
 // transaction's own writes).
 func (t *txn) scan(p []byte, fn func(k, v []byte) error) error {
+	if err := t.e.settle(p); err != nil {
+		return err
+	}
 	it, err := t.b.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: prefixEnd(p)})
 	if err != nil {
 		return err
@@ -286,8 +316,8 @@ func (t *txn) addUsage(user string, bytes, msgs int64) error {
 func (t *txn) putLogBlob(id store.ID, body []byte, refs int64) {
 	seg, off := t.e.blog.addBody(body)
 	size := int64(len(body))
-	t.set(loggedKey(seg, id), binary.AppendVarint(nil, size))
-	t.set(blobKey(id), encodeBlob(blobRecord{Size: size, Refs: refs, Seg: seg, Off: off}))
+	t.insert(loggedKey(seg, id), binary.AppendVarint(nil, size))
+	t.insert(blobKey(id), encodeBlob(blobRecord{Size: size, Refs: refs, Seg: seg, Off: off}))
 	t.deltas = append(t.deltas, segDelta{seg, size})
 }
 

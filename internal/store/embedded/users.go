@@ -111,6 +111,9 @@ func (e *Engine) ListUsers(ctx context.Context, after string, limit int) ([]stor
 	if after != "" {
 		lower = append(lower, 0)
 	}
+	if err := e.settle([]byte{tUser}); err != nil {
+		return nil, err
+	}
 	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: []byte{tUser + 1}})
 	if err != nil {
 		return nil, err
@@ -163,6 +166,9 @@ func (e *Engine) DeleteAlias(ctx context.Context, alias string) error {
 }
 
 func (e *Engine) ListAliases(ctx context.Context) ([][2]string, error) {
+	if err := e.settle([]byte{tAlias}); err != nil {
+		return nil, err
+	}
 	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: []byte{tAlias}, UpperBound: []byte{tAlias + 1}})
 	if err != nil {
 		return nil, err
@@ -181,7 +187,7 @@ func (e *Engine) Resolve(ctx context.Context, address string) (string, error) {
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return "", err
 	}
-	v, err := e.get(e.db, aliasKey(address))
+	v, err := e.read(aliasKey(address))
 	if err != nil {
 		return "", fmt.Errorf("address %s: %w", address, err)
 	}
