@@ -1,6 +1,7 @@
 package embedded
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -68,27 +69,27 @@ func (e *Engine) cleanLoop() {
 }
 
 // cleanLog makes one pass over the sealed segments: it deletes those that
-// no blob points into, and copies the live bodies of those less than half
-// live forward so that they can be deleted next. Either needs Pebble's
-// tables to hold the segment's records; when at least cleanAfterSegments
-// reclaimable segments (or, with force, any) wait for that, it flushes.
+// no blob points into and, while the log is over its space budget
+// (cleanPlan), copies forward the live bodies of the segments that repay
+// it best so that they can be deleted next. Either needs Pebble's tables to
+// hold the segment's records; when at least cleanAfterSegments reclaimable
+// segments (or, with force, any) wait for that, it flushes.
 func (e *Engine) cleanLog(force bool) error {
 	l := e.blog
 	l.cleaning.Lock()
 	defer l.cleaning.Unlock()
 	l.mu.Lock()
-	var reclaimable, sealed []*segment
-	waiting := 0
+	var sealed []*segment
 	for _, s := range l.segs {
-		if !s.sealed {
-			continue
+		if s.sealed {
+			sealed = append(sealed, s)
 		}
-		sealed = append(sealed, s)
-		if s.live == 0 || 2*s.live < s.size {
-			reclaimable = append(reclaimable, s)
-			if !s.flushed {
-				waiting++
-			}
+	}
+	reclaimable := cleanPlan(l.segs, l.segBytes)
+	waiting := 0
+	for _, s := range reclaimable {
+		if !s.flushed {
+			waiting++
 		}
 	}
 	l.mu.Unlock()
@@ -109,7 +110,6 @@ func (e *Engine) cleanLog(force bool) error {
 		}
 		l.mu.Unlock()
 	}
-	slices.SortFunc(reclaimable, func(a, b *segment) int { return int(a.id) - int(b.id) })
 	for _, s := range reclaimable {
 		l.mu.Lock()
 		flushed, live := s.flushed, s.live
@@ -127,6 +127,62 @@ func (e *Engine) cleanLog(force bool) error {
 		}
 	}
 	return nil
+}
+
+// cleanBudget is the log's space budget as a multiple of its live bytes:
+// the cleaner copies bodies forward only while the log is larger than
+// cleanBudget times the bodies that messages reference, plus one segment.
+//
+// Cleaning every segment as soon as it was half dead, as the cleaner first
+// did, copied the same bodies again and again under the Porcupine mix: mail
+// for users who rarely retrieve it outlives the mail around it, so each
+// segment fell below half live within seconds, its survivors were copied
+// into the head of the log among new mail that dies as fast, and that
+// segment soon fell below half live in turn. The cleaner copied 150-430 MB
+// of bodies per 10 s run in which 420 MB were delivered. Waiting until the
+// space is needed lets segments empty further first, and the segments
+// chosen (cleanPlan) are those whose survivors have already proved long
+// lived, so that they are copied once (the cost-benefit policy of
+// log-structured file systems).
+const cleanBudget = 2
+
+// cleanPlan returns the sealed segments to reclaim, oldest first: every
+// one that no live body is counted in, and, while the log exceeds its
+// budget, those of less than half live bytes in order of (1-u)*age/(1+u),
+// where u is the live share and age the segments written since (the space
+// freed, weighted by how long its survivors have lasted, per byte read and
+// rewritten). The caller holds the log's mu.
+func cleanPlan(segs map[uint32]*segment, segBytes int64) []*segment {
+	var total, live int64
+	var cur uint32 // the newest segment
+	var plan, candidates []*segment
+	for _, s := range segs {
+		cur = max(cur, s.id)
+		total += s.size
+		live += s.live
+		switch {
+		case !s.sealed:
+		case s.live == 0:
+			plan = append(plan, s)
+			total -= s.size
+		case 2*s.live < s.size:
+			candidates = append(candidates, s)
+		}
+	}
+	score := func(s *segment) float64 {
+		u := float64(s.live) / float64(s.size)
+		return (1 - u) * float64(cur-s.id) / (1 + u)
+	}
+	slices.SortFunc(candidates, func(a, b *segment) int { return cmp.Compare(score(b), score(a)) })
+	for _, s := range candidates {
+		if total <= cleanBudget*live+segBytes {
+			break
+		}
+		plan = append(plan, s)
+		total -= s.size - s.live // its live bodies move to the head
+	}
+	slices.SortFunc(plan, func(a, b *segment) int { return cmp.Compare(a.id, b.id) })
+	return plan
 }
 
 // dropSegment deletes a sealed, flushed segment if the log index confirms
