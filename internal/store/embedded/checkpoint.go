@@ -471,25 +471,29 @@ func (e *Engine) spanView(sp span, lo, hi []byte, above map[string][]byte, withM
 		return nil, nil, err
 	}
 	it.SetBounds(lo, hi)
-	if len(above) > 0 {
-		var m map[string]pendingWrite
-		for k, val := range above {
-			if k < string(lo) || k >= string(hi) {
-				continue
-			}
-			if m == nil {
-				m = make(map[string]pendingWrite, len(ov))
-				for _, p := range ov {
-					m[string(p.key)] = p
-				}
-			}
-			m[k] = pendingWrite{key: []byte(k), value: val, del: val == nil}
+	return &view{it: it, ov: withAbove(ov, above, lo, hi)}, mbox, nil
+}
+
+// withAbove returns the sorted writes ov with the writes of above in
+// [lo, hi) over them (a nil value in above is a deletion).
+func withAbove(ov []pendingWrite, above map[string][]byte, lo, hi []byte) []pendingWrite {
+	var m map[string]pendingWrite
+	for k, val := range above {
+		if k < string(lo) || k >= string(hi) {
+			continue
 		}
-		if m != nil {
-			ov = sortedWrites(m)
+		if m == nil {
+			m = make(map[string]pendingWrite, len(ov))
+			for _, p := range ov {
+				m[string(p.key)] = p
+			}
 		}
+		m[k] = pendingWrite{key: []byte(k), value: val, del: val == nil}
 	}
-	return &view{it: it, ov: ov}, mbox, nil
+	if m == nil {
+		return ov
+	}
+	return sortedWrites(m)
 }
 
 // view iterates forward over Pebble's records with the sorted writes ov

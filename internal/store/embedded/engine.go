@@ -435,10 +435,11 @@ func (e *Engine) commitLoop() {
 
 // commitGroup runs a group's transactions into one batch, writes the batch
 // and the group's bodies to the log as one record, syncs it and only then
-// applies the batch to Pebble: nothing a group wrote is visible before it
+// folds the group's writes into the overlay (a group with a range delete:
+// applies the batch to Pebble): nothing a group wrote is visible before it
 // is durable.
 func (e *Engine) commitGroup(group []*request) {
-	b := e.db.NewIndexedBatch()
+	b := e.db.NewBatch()
 	defer b.Close()
 	t := e.txn
 	t.reset(b)

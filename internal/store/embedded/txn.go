@@ -17,7 +17,11 @@ import (
 // folded into the group batch only if the function succeeds.
 type txn struct {
 	e *Engine
-	b *pebble.Batch // the group's indexed batch
+	// b is the group's batch: the log record's content, and what a group
+	// that deletes a key range applies to Pebble (direct). It is never
+	// read, so it has no index: reads see grouped, the overlay and
+	// Pebble, with ranges hiding what Pebble still holds.
+	b *pebble.Batch
 
 	ops     []op
 	own     map[string]int // key -> index in ops of its latest write
@@ -35,6 +39,9 @@ type txn struct {
 	// direct: the group deletes a key range, so it is applied to Pebble
 	// itself, after the overlay (checkpoint.go).
 	direct bool
+	// ranges are the group's range deletes so far: Pebble still holds
+	// the keys in them, which the group's later reads must not see.
+	ranges []op
 	// messages holds the values of the message records ('x') written by
 	// the group's successful transactions so far, nil meaning deleted:
 	// what listCache takes once the group is durable, and what the
@@ -68,6 +75,8 @@ func (t *txn) reset(b *pebble.Batch) {
 	clear(t.written) // drop the references to the last group's keys and values
 	t.written = t.written[:0]
 	t.direct = false
+	clear(t.ranges)
+	t.ranges = t.ranges[:0]
 	t.deltas = t.deltas[:0]
 }
 
@@ -98,6 +107,7 @@ func (t *txn) apply() {
 			// failed checkpoint fails the group (commitGroup).
 			_ = t.e.checkpoint("commit")
 			t.direct = true
+			t.ranges = append(t.ranges, o)
 			err = t.b.DeleteRange(o.key, o.rangeEnd, nil)
 			t.forgetMessages(o.key)
 			for k := range t.grouped {
@@ -168,13 +178,13 @@ func (t *txn) get(k []byte) ([]byte, error) {
 		v, ok = c.get(k)
 	}
 	if !ok {
-		// Not written in this group: the overlay, then the batch, which
-		// reads through to Pebble (and holds this group's range
-		// deletes, which only follow an empty overlay).
+		// Not written in this group: the overlay, then Pebble. A range
+		// delete of the group follows a checkpoint, so the overlay
+		// holds nothing in it.
 		v, ok = t.e.pend.lookup(k)
-		if !ok {
+		if !ok && !t.rangeDeleted(k) {
 			var err error
-			v, err = t.e.get(t.b, k)
+			v, err = t.e.get(t.e.db, k)
 			if err != nil && !errors.Is(err, store.ErrNotFound) {
 				return nil, err
 			}
@@ -250,22 +260,39 @@ func (t *txn) deletePrefix(p []byte) {
 }
 
 // scan calls fn for every committed-or-grouped key with prefix p (not the
-// transaction's own writes).
+// transaction's own writes), in key order.
 func (t *txn) scan(p []byte, fn func(k, v []byte) error) error {
 	if err := t.e.settle(p); err != nil {
 		return err
 	}
-	it, err := t.b.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: prefixEnd(p)})
+	// Settled, the overlay holds nothing under p, and only the committer
+	// (this goroutine) adds to it: Pebble and the group's writes are all.
+	end := prefixEnd(p)
+	it, err := t.e.db.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: end})
 	if err != nil {
 		return err
 	}
-	defer it.Close()
-	for it.First(); it.Valid(); it.Next() {
-		if err := fn(it.Key(), it.Value()); err != nil {
+	v := &view{it: it, ov: withAbove(nil, t.grouped, p, end)}
+	defer v.Close()
+	for ok := v.First(); ok; ok = v.Next() {
+		if !v.fromOv && t.rangeDeleted(v.key) {
+			continue
+		}
+		if err := fn(v.key, v.value); err != nil {
 			return err
 		}
 	}
-	return it.Error()
+	return v.Error()
+}
+
+// rangeDeleted reports whether one of the group's range deletes covers k.
+func (t *txn) rangeDeleted(k []byte) bool {
+	for _, r := range t.ranges {
+		if bytes.Compare(k, r.key) >= 0 && bytes.Compare(k, r.rangeEnd) < 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // mailbox reads a mailbox record for update and fences it: its pre-group
