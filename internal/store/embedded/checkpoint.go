@@ -343,7 +343,12 @@ func (e *Engine) checkpoint(reason string) error {
 	o.applied += uint64(applied)
 	e.checkpointsBy.WithLabelValues(reason).Inc()
 	o.applying = nil
+	o.mu.Unlock()
+	// No reader can reach l now. Clearing it (megabytes of index and
+	// writes) under mu would hold every commit and point read for
+	// milliseconds; it becomes spare only once clear.
 	l.reset()
+	o.mu.Lock()
 	o.spare = l
 	return nil
 }
