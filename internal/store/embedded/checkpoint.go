@@ -309,6 +309,7 @@ func (e *Engine) checkpoint(reason string) error {
 		o.cur = newLayer()
 	}
 	o.mu.Unlock()
+	start := time.Now()
 
 	b := e.db.NewBatch()
 	defer b.Close()
@@ -342,6 +343,7 @@ func (e *Engine) checkpoint(reason string) error {
 	}
 	o.applied += uint64(applied)
 	e.checkpointsBy.WithLabelValues(reason).Inc()
+	e.ckptSeconds.Observe(time.Since(start).Seconds())
 	o.applying = nil
 	o.mu.Unlock()
 	// No reader can reach l now. Clearing it (megabytes of index and

@@ -131,6 +131,7 @@ type Engine struct {
 	groupSize     prometheus.Histogram
 	stalls        *stallMeter
 	checkpointsBy *prometheus.CounterVec
+	ckptSeconds   prometheus.Histogram
 }
 
 var _ store.Store = (*Engine)(nil)
@@ -221,6 +222,11 @@ func Open(dir string, opts Options) (*Engine, error) {
 			Name: "quill_store_checkpoints_total",
 			Help: "Checkpoints of the embedded store, by what started them.",
 		}, []string{"reason"}),
+		ckptSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "quill_store_checkpoint_seconds",
+			Help:    "Time one checkpoint of the embedded store took to apply the overlay to its tables.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+		}),
 		commitLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "quill_store_commit_seconds",
 			Help:    "Latency of one synced commit group of the embedded store.",
@@ -246,7 +252,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 	}
 	if opts.Registerer != nil {
 		for _, c := range []prometheus.Collector{e.commitLatency, e.groupSize,
-			e.stalls.count, e.stalls.seconds, e.checkpointsBy, pebbleCollector{e}} {
+			e.stalls.count, e.stalls.seconds, e.checkpointsBy, e.ckptSeconds, pebbleCollector{e}} {
 			if err := opts.Registerer.Register(c); err != nil {
 				blog.close()
 				db.Close()

@@ -35,6 +35,8 @@ func gathered(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 				out[name] = m.GetCounter().GetValue()
 			case m.GetGauge() != nil:
 				out[name] = m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				out[name+"_count"] = float64(m.GetHistogram().GetSampleCount())
 			}
 		}
 	}
@@ -85,6 +87,15 @@ func TestStoreMetrics(t *testing.T) {
 	after := gathered(t, reg)
 	if got := after["quill_store_written_bytes_total{wal}"]; got < n*float64(len(body)) {
 		t.Errorf("wal bytes %v, want at least the %d bodies' %d bytes", got, n, n*len(body))
+	}
+	var checkpoints float64
+	for name, v := range after {
+		if strings.HasPrefix(name, "quill_store_checkpoints_total{") {
+			checkpoints += v
+		}
+	}
+	if got := after["quill_store_checkpoint_seconds_count"]; checkpoints == 0 || got != checkpoints {
+		t.Errorf("%v checkpoints timed, %v counted", got, checkpoints)
 	}
 	if after["quill_store_flushes_total"] < 1 {
 		t.Errorf("flushes %v after a flush", after["quill_store_flushes_total"])
