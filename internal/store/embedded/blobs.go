@@ -178,13 +178,9 @@ func (e *Engine) OpenBlob(ctx context.Context, id store.ID) (store.BlobReader, e
 	// A body in the log may move (the cleaner copies it forward) between
 	// reading its record and taking its segment: read the record again.
 	for range 3 {
-		v, err := e.getCommitted(blobKey(id))
+		rec, err := e.committedBlob(id)
 		if err != nil {
 			return nil, fmt.Errorf("blob %s: %w", id, err)
-		}
-		rec, err := decodeBlob(v)
-		if err != nil {
-			return nil, err
 		}
 		if rec.Seg == 0 {
 			return &blobReader{e: e, id: id, rec: rec}, nil

@@ -291,3 +291,32 @@ func TestGroupReadsAfterRangeDelete(t *testing.T) {
 		t.Fatalf("after the group: scan %q, want [3]", scanned)
 	}
 }
+
+// A layer copies what it holds into its arena, and a value a reader got
+// from it stays as it was after the layer is checkpointed, reset and
+// filled again (the arena's chunks are never reused); the writer's own
+// slices may change once merged.
+func TestOverlayValuesOutliveTheirLayer(t *testing.T) {
+	o := newOverlay()
+	key, val := []byte("x-key"), []byte("first value")
+	o.merge([]op{{key: key, value: val}})
+	copy(val, "XXXXXXXXXXX") // the transaction's buffer, reused
+	got, ok := o.lookup([]byte("x-key"))
+	if !ok || string(got) != "first value" {
+		t.Fatalf("lookup = %q %v, want the merged value", got, ok)
+	}
+	big := make([]byte, arenaValueMax+1)
+	for round := range 3 {
+		o.cur.reset()
+		for i := range 2 * arenaChunk / 64 {
+			k := fmt.Appendf(nil, "k-%d-%d", round, i)
+			o.merge([]op{{key: k, value: make([]byte, 48)}, {key: []byte("big"), value: big}})
+		}
+	}
+	if string(got) != "first value" {
+		t.Errorf("a value read from the overlay changed to %q after its layer was reused", got)
+	}
+	if v, ok := o.lookup([]byte("big")); !ok || len(v) != len(big) || &v[0] != &big[0] {
+		t.Errorf("a value over arenaValueMax is copied (or lost): %d bytes, %v", len(v), ok)
+	}
+}

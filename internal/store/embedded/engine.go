@@ -112,8 +112,9 @@ type Engine struct {
 	closeMu sync.RWMutex
 	closed  bool
 
-	// hot and blobs are written by the committer only (hotCache).
-	hot, blobs *hotCache
+	// hot and blobs are written by the committer only (hotCache, blobCache).
+	hot   *hotCache
+	blobs *blobCache
 	// lists is written by the committer only (listCache).
 	lists *listCache
 	// txn is the committer's, reused by every group (commitGroup).
@@ -211,9 +212,9 @@ func Open(dir string, opts Options) (*Engine, error) {
 		reqs:     make(chan *request, opts.MaxGroup),
 		quit:     make(chan struct{}),
 		fence:    make(map[store.ID]store.Mailbox),
-		hot:      newHotCache(hotCacheEntries, true),
+		hot:      newHotCache(hotCacheEntries),
 		inboxes:  inboxHints{max: hotCacheEntries},
-		blobs:    newHotCache(blobCacheEntries, false),
+		blobs:    newBlobCache(blobCacheEntries),
 		lists:    newListCache(opts.ListCacheBytes),
 		pend:     newOverlay(),
 		ckptWake: make(chan struct{}, 1),
@@ -501,6 +502,8 @@ func (e *Engine) commitGroup(group []*request) {
 			for k, v := range t.grouped {
 				if c := e.cacheFor(k[0]); c != nil {
 					c.put(k, v)
+				} else if id, ok := blobOfKey(k); ok {
+					e.blobs.put(id, v)
 				}
 			}
 			e.lists.commit(t.touched, t.messages)

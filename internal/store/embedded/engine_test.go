@@ -454,20 +454,25 @@ func TestHotCacheHoldsCommittedRecords(t *testing.T) {
 	}
 	done := make(chan struct{})
 	e.reqs <- &request{fn: func(*txn) error {
-		for name, c := range map[string]*hotCache{"hot": e.hot, "blob": e.blobs} {
-			for k, v := range c.m {
-				got, err := e.read([]byte(k))
-				if errors.Is(err, store.ErrNotFound) {
-					got = nil
-				} else if err != nil {
-					t.Error(err)
-				}
-				if string(got) != string(v) || (got == nil) != (v == nil) {
-					t.Errorf("%s cache %q = %x, database %x", name, k, v, got)
-				}
-				if v == nil && !c.keepAbsent {
-					t.Errorf("%s cache keeps deleted key %q", name, k)
-				}
+		for k, v := range e.hot.m {
+			got, err := e.read([]byte(k))
+			if errors.Is(err, store.ErrNotFound) {
+				got = nil
+			} else if err != nil {
+				t.Error(err)
+			}
+			if string(got) != string(v) || (got == nil) != (v == nil) {
+				t.Errorf("hot cache %q = %x, database %x", k, v, got)
+			}
+		}
+		for id, r := range e.blobs.m {
+			v, err := e.read(blobKey(id))
+			if err != nil {
+				t.Errorf("blob cache holds %s, database: %v", id, err)
+				continue
+			}
+			if got, err := decodeBlob(v); err != nil || got != r {
+				t.Errorf("blob cache %s = %+v, database %+v (%v)", id, r, got, err)
 			}
 		}
 		return nil
@@ -479,21 +484,35 @@ func TestHotCacheHoldsCommittedRecords(t *testing.T) {
 }
 
 func TestHotCacheBounded(t *testing.T) {
-	for _, keepAbsent := range []bool{true, false} {
-		c := newHotCache(2, keepAbsent)
-		for _, k := range []string{"ua", "ub", "uc", "ub"} {
-			c.put(k, []byte(k))
-		}
-		if len(c.m) != 2 {
-			t.Errorf("cache holds %d entries, want 2", len(c.m))
-		}
-		if v, ok := c.get([]byte("ub")); !ok || string(v) != "ub" {
-			t.Errorf("last written entry missing: %q %v", v, ok)
-		}
-		c.put("ub", nil)
-		if v, ok := c.get([]byte("ub")); ok != keepAbsent || v != nil {
-			t.Errorf("keepAbsent %v: deleted entry reads %q %v", keepAbsent, v, ok)
-		}
+	c := newHotCache(2)
+	for _, k := range []string{"ua", "ub", "uc", "ub"} {
+		c.put(k, []byte(k))
+	}
+	if len(c.m) != 2 {
+		t.Errorf("cache holds %d entries, want 2", len(c.m))
+	}
+	if v, ok := c.get([]byte("ub")); !ok || string(v) != "ub" {
+		t.Errorf("last written entry missing: %q %v", v, ok)
+	}
+	c.put("ub", nil)
+	if v, ok := c.get([]byte("ub")); !ok || v != nil {
+		t.Errorf("deleted entry reads %q %v, want known absent", v, ok)
+	}
+
+	b := newBlobCache(2)
+	ids := []store.ID{store.NewID(), store.NewID(), store.NewID()}
+	for i, id := range append(ids, ids[1]) {
+		b.put(id, encodeBlob(blobRecord{Size: int64(i), Refs: 1, Seg: 7, Off: 9}))
+	}
+	if len(b.m) != 2 {
+		t.Errorf("blob cache holds %d entries, want 2", len(b.m))
+	}
+	if r, ok := b.get(ids[1]); !ok || r != (blobRecord{Size: 3, Refs: 1, Seg: 7, Off: 9}) {
+		t.Errorf("last written blob record: %+v %v", r, ok)
+	}
+	b.put(ids[1], nil)
+	if _, ok := b.get(ids[1]); ok {
+		t.Error("blob cache keeps a deleted record")
 	}
 }
 

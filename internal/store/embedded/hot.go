@@ -10,8 +10,9 @@ import (
 // expunges read and rewrite, so that neither the committer nor a reader
 // pays a search of every memtable and level for them. The engine keeps two:
 // hot, for users, mailboxes and usage, which every delivery and expunge
-// reads and rewrites; and blobs, for the blob records ('B') that every
-// delivery writes and every retrieval (OpenBlob) and expunge reads.
+// reads and rewrites; and blobs (a blobCache), for the blob records ('B')
+// that every delivery writes and every retrieval (OpenBlob) and expunge
+// reads.
 // Only the committer writes those tables (see the package comment), so the
 // committer can keep them coherent without any locking: it fills the cache
 // from what it reads and, after each successful commit, from what the group
@@ -31,18 +32,13 @@ import (
 // encodes a new value, and decoders copy what they keep.
 type hotCache struct {
 	mu  sync.RWMutex
-	m   map[string][]byte
+	m   map[string][]byte // nil value: known absent
 	max int
-	// keepAbsent makes the cache remember a missing or deleted key as nil
-	// (known absent), which spares the lookups of unknown recipients; a
-	// cache without it forgets a deleted key, so that the records of
-	// expunged bodies do not crowd out live ones.
-	keepAbsent bool
 }
 
 // hotCacheEntries bounds the hot cache: about 20 MiB at the largest
-// records. blobCacheEntries bounds the blob cache, about 20 MiB too: a blob
-// record is a few bytes, so most of an entry is the map's own overhead.
+// records. blobCacheEntries bounds the blob cache, about 8 MiB: an entry is
+// a blob ID and its decoded record.
 // A blob's record is read twice (its retrieval and its expunge), typically
 // seconds after it was written, so the cache need hold only the bodies
 // delivered in that window, not every stored one.
@@ -51,8 +47,8 @@ const (
 	blobCacheEntries = 1 << 17
 )
 
-func newHotCache(max int, keepAbsent bool) *hotCache {
-	return &hotCache{m: make(map[string][]byte), max: max, keepAbsent: keepAbsent}
+func newHotCache(max int) *hotCache {
+	return &hotCache{m: make(map[string][]byte), max: max}
 }
 
 // cacheFor returns the cache that holds the keys of table, or nil. None of
@@ -62,8 +58,6 @@ func (e *Engine) cacheFor(table byte) *hotCache {
 	switch table {
 	case tUser, tMailbox, tUsage:
 		return e.hot
-	case tBlob:
-		return e.blobs
 	}
 	return nil
 }
@@ -90,15 +84,12 @@ func (c *hotCache) load(k []byte) ([]byte, bool) {
 	return v, ok
 }
 
-// put records v as the committed value of k; nil means k does not exist.
-// Committer only.
+// put records v as the committed value of k; nil means k does not exist,
+// which the cache remembers (known absent): that spares the lookups of
+// unknown recipients. Committer only.
 func (c *hotCache) put(k string, v []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if v == nil && !c.keepAbsent {
-		delete(c.m, k)
-		return
-	}
 	if len(c.m) >= c.max {
 		if _, ok := c.m[k]; !ok {
 			for old := range c.m { // map order: a pseudo-random victim
@@ -132,4 +123,87 @@ func (e *Engine) getCommitted(k []byte) ([]byte, error) {
 		}
 	}
 	return e.read(k)
+}
+
+// blobCache is the hot cache of blob records, decoded and keyed by blob ID.
+// It follows hotCache's rules (the committer its only writer, entries
+// always durable values, a deleted record forgotten), but holds no
+// pointers: a hotCache of its size was some 250,000 small objects (keys
+// and values) that the collector marked in every cycle, and a reader gets
+// the record without decoding it.
+type blobCache struct {
+	mu  sync.RWMutex
+	m   map[store.ID]blobRecord
+	max int
+}
+
+func newBlobCache(max int) *blobCache {
+	return &blobCache{m: make(map[store.ID]blobRecord), max: max}
+}
+
+// get is the committer's lookup.
+func (c *blobCache) get(id store.ID) (blobRecord, bool) {
+	r, ok := c.m[id]
+	return r, ok
+}
+
+// load is every other goroutine's lookup.
+func (c *blobCache) load(id store.ID) (blobRecord, bool) {
+	c.mu.RLock()
+	r, ok := c.m[id]
+	c.mu.RUnlock()
+	return r, ok
+}
+
+// put records v, an encoded blob record, as the committed record of id;
+// nil (or a record that does not decode, which its readers will report)
+// forgets id. Committer only.
+func (c *blobCache) put(id store.ID, v []byte) {
+	r, err := decodeBlob(v)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if v == nil || err != nil {
+		delete(c.m, id)
+		return
+	}
+	if len(c.m) >= c.max {
+		if _, ok := c.m[id]; !ok {
+			for old := range c.m { // map order: a pseudo-random victim
+				delete(c.m, old)
+				break
+			}
+		}
+	}
+	c.m[id] = r
+}
+
+// reset forgets everything, after a commit whose outcome is unknown.
+// Committer only.
+func (c *blobCache) reset() {
+	c.mu.Lock()
+	clear(c.m)
+	c.mu.Unlock()
+}
+
+// blobOfKey returns the blob ID of a blob record's key.
+func blobOfKey[K string | []byte](k K) (store.ID, bool) {
+	var id store.ID
+	if len(k) != 1+len(id) || k[0] != tBlob {
+		return id, false
+	}
+	copy(id[:], k[1:])
+	return id, true
+}
+
+// committedBlob returns the committed record of blob id for a reader
+// outside the committer (getCommitted for blob records).
+func (e *Engine) committedBlob(id store.ID) (blobRecord, error) {
+	if r, ok := e.blobs.load(id); ok {
+		return r, nil
+	}
+	v, err := e.read(blobKey(id))
+	if err != nil {
+		return blobRecord{}, err
+	}
+	return decodeBlob(v)
 }

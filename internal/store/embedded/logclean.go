@@ -244,14 +244,10 @@ func (e *Engine) moveLive(s *segment) error {
 		var moved int64
 		err := e.update(context.Background(), func(t *txn) error {
 			for _, m := range moving {
-				v, err := t.get(blobKey(m.id))
+				r, err := t.blob(m.id)
 				if errors.Is(err, store.ErrNotFound) {
 					continue // expunged meanwhile
 				}
-				if err != nil {
-					return err
-				}
-				r, err := decodeBlob(v)
 				if err != nil {
 					return err
 				}
@@ -276,14 +272,10 @@ func (e *Engine) moveLive(s *segment) error {
 		return err
 	}
 	for _, id := range ids {
-		v, err := e.getCommitted(blobKey(id))
+		r, err := e.committedBlob(id)
 		if errors.Is(err, store.ErrNotFound) {
 			continue
 		}
-		if err != nil {
-			return err
-		}
-		r, err := decodeBlob(v)
 		if err != nil {
 			return err
 		}

@@ -211,6 +211,28 @@ func (t *txn) cachedMessage(k []byte) ([]byte, bool) {
 
 // message reads and decodes the record of uid in mailbox as this
 // transaction sees it; ok is false when there is none.
+// blob reads and decodes the record of blob id as this transaction sees
+// it, from the blob cache when the group has not written it.
+func (t *txn) blob(id store.ID) (blobRecord, error) {
+	k := blobKey(id)
+	_, own := t.own[string(k)]
+	_, grouped := t.grouped[string(k)]
+	if !own && !grouped {
+		if r, ok := t.e.blobs.get(id); ok {
+			return r, nil
+		}
+	}
+	v, err := t.get(k)
+	if err != nil {
+		return blobRecord{}, err
+	}
+	if !own && !grouped {
+		// Committed: the overlay's or Pebble's.
+		t.e.blobs.put(id, v)
+	}
+	return decodeBlob(v)
+}
+
 func (t *txn) message(mailbox store.ID, uid uint32) (msg store.Message, ok bool, err error) {
 	v, err := t.get(messageKey(mailbox, uid))
 	if errors.Is(err, store.ErrNotFound) {
@@ -252,8 +274,8 @@ func (t *txn) del(k []byte) {
 // deletePrefix deletes every key with prefix p. Reads of such keys within
 // the same transaction are not supported (callers never need them).
 func (t *txn) deletePrefix(p []byte) {
-	if t.e.cacheOf(p) != nil {
-		// The caches see point writes only (hotCache).
+	if t.e.cacheOf(p) != nil || p[0] == tBlob {
+		// The caches see point writes only (hotCache, blobCache).
 		panic(fmt.Sprintf("embedded: prefix delete in cached table %q", p[0]))
 	}
 	t.ops = append(t.ops, op{key: p, rangeEnd: prefixEnd(p)})
@@ -367,13 +389,9 @@ func (t *txn) dropBlob(id store.ID, r blobRecord) {
 // addBlobRef adjusts a blob's reference count by delta, deleting the blob
 // when it drops to zero and its pending mark when it is first referenced.
 func (t *txn) addBlobRef(id store.ID, delta int64) error {
-	v, err := t.get(blobKey(id))
+	r, err := t.blob(id)
 	if err != nil {
 		return fmt.Errorf("blob %s: %w", id, err)
-	}
-	r, err := decodeBlob(v)
-	if err != nil {
-		return err
 	}
 	if r.Refs == 0 && delta > 0 {
 		t.del(pendingKey(id))
