@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"net/smtp"
 	"net/textproto"
 	"strings"
@@ -186,5 +187,20 @@ func TestConnectionLimit(t *testing.T) {
 	_, _ = io.WriteString(first, "NOOP\r\n")
 	if got := readReplies(t, first, firstBR, 1); got[0] != "250 2.0.0 OK" {
 		t.Fatalf("first connection: %q", got)
+	}
+}
+
+// RFC 5321 section 4.1.3: an IPv6 client's address literal is tagged, an
+// IPv4 one is not (an IPv4-mapped IPv6 address is written as IPv6, as the
+// connection reports it).
+func TestAddressLiteral(t *testing.T) {
+	for ip, want := range map[string]string{
+		"192.0.2.1":        "[192.0.2.1]",
+		"2001:db8::1":      "[IPv6:2001:db8::1]",
+		"::ffff:192.0.2.1": "[IPv6:::ffff:192.0.2.1]",
+	} {
+		if got := string(appendAddressLiteral([]byte("x"), netip.MustParseAddr(ip))); got != "x"+want {
+			t.Errorf("%s: %q, want %q", ip, got, "x"+want)
+		}
 	}
 }

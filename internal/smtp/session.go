@@ -1,6 +1,7 @@
 package smtp
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/base32"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -447,11 +449,12 @@ func (s *session) deliver(body io.Reader, complete func() bool) ([]error, error)
 	tx := s.tx
 	id := newID()
 	now := s.srv.now()
-	header := s.traceFields(tx, id, now)
+	from := tx.from.from.String()
+	header := s.traceFields(tx, from, id, now)
 	results, err := s.srv.Backend.Deliver(s.ctx, delivery.Message{
 		ReturnPath: tx.from.from,
 		Recipients: tx.rcpts,
-		Body:       io.MultiReader(strings.NewReader(header), body),
+		Body:       io.MultiReader(bytes.NewReader(header), body),
 		ReceivedAt: now,
 	})
 	if err == nil && !complete() {
@@ -461,7 +464,7 @@ func (s *session) deliver(body io.Reader, complete func() bool) ([]error, error)
 	if err == nil && len(results) != len(tx.rcpts) {
 		err = fmt.Errorf("smtp: backend returned %d results for %d recipients", len(results), len(tx.rcpts))
 	}
-	s.log.Info("message", "id", id, "from", tx.from.from.String(), "rcpts", len(tx.rcpts), "err", err)
+	s.log.Info("message", "id", id, "from", from, "rcpts", len(tx.rcpts), "err", err)
 	return results, err
 }
 
@@ -535,10 +538,14 @@ func (s *session) finish(results []error, err error) {
 
 // traceFields returns the Return-Path and Received fields that begin the
 // stored message (RFC 5321 section 4.4; protocol names from RFC 3848 and
-// RFC 6531 section 3.7.3).
-func (s *session) traceFields(tx *transaction, id string, now time.Time) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "Return-Path: <%s>\r\n", tx.from.from.String())
+// RFC 6531 section 3.7.3). from is the reverse-path as a string. It builds
+// them by appending to one buffer: with fmt they were a tenth of the bytes
+// the server allocated per delivered message.
+func (s *session) traceFields(tx *transaction, from, id string, now time.Time) []byte {
+	b := make([]byte, 0, 192+len(from)+len(s.helo)+len(s.srv.Hostname))
+	b = append(b, "Return-Path: <"...)
+	b = append(b, from...)
+	b = append(b, ">\r\n"...)
 	proto := "SMTP"
 	if s.srv.Mode == ModeLMTP {
 		proto = "LMTP"
@@ -555,19 +562,33 @@ func (s *session) traceFields(tx *transaction, id string, now time.Time) string 
 	if s.user != "" && proto != "SMTP" {
 		proto += "A"
 	}
-	fmt.Fprintf(&b, "Received: from %s (%s)\r\n\tby %s (Quill) with %s id %s",
-		s.helo, addressLiteral(s.conn.RemoteAddr().Addr().String()), s.srv.Hostname, proto, id)
+	b = append(b, "Received: from "...)
+	b = append(b, s.helo...)
+	b = append(b, " ("...)
+	b = appendAddressLiteral(b, s.conn.RemoteAddr().Addr())
+	b = append(b, ")\r\n\tby "...)
+	b = append(b, s.srv.Hostname...)
+	b = append(b, " (Quill) with "...)
+	b = append(b, proto...)
+	b = append(b, " id "...)
+	b = append(b, id...)
 	if len(tx.rcpts) == 1 {
-		fmt.Fprintf(&b, "\r\n\tfor <%s>", tx.rcpts[0].Address.String())
+		b = append(b, "\r\n\tfor <"...)
+		b = append(b, tx.rcpts[0].Address.String()...)
+		b = append(b, '>')
 	}
-	fmt.Fprintf(&b, ";\r\n\t%s\r\n", now.Format("Mon, 02 Jan 2006 15:04:05 -0700"))
-	return b.String()
+	b = append(b, ";\r\n\t"...)
+	b = now.AppendFormat(b, "Mon, 02 Jan 2006 15:04:05 -0700")
+	return append(b, "\r\n"...)
 }
 
-// addressLiteral formats an IP as an RFC 5321 section 4.1.3 address literal.
-func addressLiteral(ip string) string {
-	if strings.Contains(ip, ":") {
-		return "[IPv6:" + ip + "]"
+// appendAddressLiteral appends ip as an RFC 5321 section 4.1.3 address
+// literal.
+func appendAddressLiteral(b []byte, ip netip.Addr) []byte {
+	if ip.Is6() {
+		b = append(b, "[IPv6:"...)
+	} else {
+		b = append(b, '[')
 	}
-	return "[" + ip + "]"
+	return append(ip.AppendTo(b), ']')
 }

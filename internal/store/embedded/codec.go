@@ -225,6 +225,16 @@ func decodeUser(b []byte) (store.User, error) {
 	return u, d.err
 }
 
+// decodeQuota returns the QuotaBytes of an encoded user record without
+// copying its strings: every delivery checks it.
+func decodeQuota(b []byte) (int64, error) {
+	d := dec{b: b}
+	d.bytes() // Address
+	d.bytes() // PasswordHash
+	q := d.varint()
+	return q, d.err
+}
+
 func encodeMailbox(m store.Mailbox) []byte {
 	var e enc
 	e.id(m.ID)

@@ -21,6 +21,11 @@ func FuzzDecodeRecords(f *testing.F) {
 	f.Add(encodeExpunged([]uint32{7, 8, 9, 12, 40}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		roundTrip(t, "user", b, decodeUser, encodeUser)
+		if u, err := decodeUser(b); err == nil {
+			if q, err := decodeQuota(b); err != nil || q != u.QuotaBytes {
+				t.Fatalf("decodeQuota = %d, %v; the record's quota is %d", q, err, u.QuotaBytes)
+			}
+		}
 		roundTrip(t, "mailbox", b, decodeMailbox, encodeMailbox)
 		roundTrip(t, "message", b, func(b []byte) (store.Message, error) { return decodeMessage(7, b) }, encodeMessage)
 		roundTrip(t, "blob", b, func(b []byte) (blobRecord, error) {

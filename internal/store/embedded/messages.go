@@ -45,7 +45,7 @@ func (e *Engine) Append(ctx context.Context, mailbox store.ID, msgs []store.NewM
 			if err != nil {
 				return err
 			}
-			user, err := decodeUser(u)
+			quota, err := decodeQuota(u)
 			if err != nil {
 				return err
 			}
@@ -53,7 +53,7 @@ func (e *Engine) Append(ctx context.Context, mailbox store.ID, msgs []store.NewM
 			if err != nil {
 				return err
 			}
-			if user.QuotaBytes > 0 && usage.Bytes+total > user.QuotaBytes {
+			if quota > 0 && usage.Bytes+total > quota {
 				return fmt.Errorf("%w: %s", store.ErrOverQuota, m.User)
 			}
 		}
