@@ -31,9 +31,64 @@ import (
 // Values are shared, never modified: a transaction that changes a record
 // encodes a new value, and decoders copy what they keep.
 type hotCache struct {
+	bounded[string, []byte] // a nil value: known absent
+}
+
+// bounded is the map of both caches: at most max entries, a pseudo-random
+// one evicted for a new key. The committer writes it under mu and reads it
+// without; other goroutines read it under mu.
+type bounded[K comparable, V any] struct {
 	mu  sync.RWMutex
-	m   map[string][]byte // nil value: known absent
+	m   map[K]V
 	max int
+}
+
+func newBounded[K comparable, V any](max int) bounded[K, V] {
+	return bounded[K, V]{m: make(map[K]V), max: max}
+}
+
+// get is the committer's lookup.
+func (c *bounded[K, V]) get(k K) (V, bool) {
+	v, ok := c.m[k]
+	return v, ok
+}
+
+// load is every other goroutine's lookup.
+func (c *bounded[K, V]) load(k K) (V, bool) {
+	c.mu.RLock()
+	v, ok := c.m[k]
+	c.mu.RUnlock()
+	return v, ok
+}
+
+// set records v at k. Committer only.
+func (c *bounded[K, V]) set(k K, v V) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.m) >= c.max {
+		if _, ok := c.m[k]; !ok {
+			for old := range c.m { // map order: a pseudo-random victim
+				delete(c.m, old)
+				break
+			}
+		}
+	}
+	c.m[k] = v
+}
+
+// forget deletes k. Committer only.
+func (c *bounded[K, V]) forget(k K) {
+	c.mu.Lock()
+	delete(c.m, k)
+	c.mu.Unlock()
+}
+
+// reset forgets everything, after a commit whose outcome is unknown.
+// Committer only.
+func (c *bounded[K, V]) reset() {
+	c.mu.Lock()
+	clear(c.m)
+	c.mu.Unlock()
 }
 
 // hotCacheEntries bounds the hot cache: about 20 MiB at the largest
@@ -48,7 +103,7 @@ const (
 )
 
 func newHotCache(max int) *hotCache {
-	return &hotCache{m: make(map[string][]byte), max: max}
+	return &hotCache{newBounded[string, []byte](max)}
 }
 
 // cacheFor returns the cache that holds the keys of table, or nil. None of
@@ -70,13 +125,14 @@ func (e *Engine) cacheOf(k []byte) *hotCache {
 	return e.cacheFor(k[0])
 }
 
-// get is the committer's lookup.
+// get is the committer's lookup (bounded.get by a key in bytes, which
+// the map index converts without allocating).
 func (c *hotCache) get(k []byte) ([]byte, bool) {
 	v, ok := c.m[string(k)]
 	return v, ok
 }
 
-// load is every other goroutine's lookup.
+// load is every other goroutine's lookup (bounded.load by bytes).
 func (c *hotCache) load(k []byte) ([]byte, bool) {
 	c.mu.RLock()
 	v, ok := c.m[string(k)]
@@ -87,27 +143,7 @@ func (c *hotCache) load(k []byte) ([]byte, bool) {
 // put records v as the committed value of k; nil means k does not exist,
 // which the cache remembers (known absent): that spares the lookups of
 // unknown recipients. Committer only.
-func (c *hotCache) put(k string, v []byte) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.m) >= c.max {
-		if _, ok := c.m[k]; !ok {
-			for old := range c.m { // map order: a pseudo-random victim
-				delete(c.m, old)
-				break
-			}
-		}
-	}
-	c.m[k] = v
-}
-
-// reset forgets everything, after a commit whose outcome is unknown.
-// Committer only.
-func (c *hotCache) reset() {
-	c.mu.Lock()
-	clear(c.m)
-	c.mu.Unlock()
-}
+func (c *hotCache) put(k string, v []byte) { c.set(k, v) }
 
 // getCommitted returns the committed value at k for a reader outside the
 // committer: from its cache when one holds k, else from the overlay and
@@ -132,57 +168,22 @@ func (e *Engine) getCommitted(k []byte) ([]byte, error) {
 // and values) that the collector marked in every cycle, and a reader gets
 // the record without decoding it.
 type blobCache struct {
-	mu  sync.RWMutex
-	m   map[store.ID]blobRecord
-	max int
+	bounded[store.ID, blobRecord]
 }
 
 func newBlobCache(max int) *blobCache {
-	return &blobCache{m: make(map[store.ID]blobRecord), max: max}
-}
-
-// get is the committer's lookup.
-func (c *blobCache) get(id store.ID) (blobRecord, bool) {
-	r, ok := c.m[id]
-	return r, ok
-}
-
-// load is every other goroutine's lookup.
-func (c *blobCache) load(id store.ID) (blobRecord, bool) {
-	c.mu.RLock()
-	r, ok := c.m[id]
-	c.mu.RUnlock()
-	return r, ok
+	return &blobCache{newBounded[store.ID, blobRecord](max)}
 }
 
 // put records v, an encoded blob record, as the committed record of id;
 // nil (or a record that does not decode, which its readers will report)
 // forgets id. Committer only.
 func (c *blobCache) put(id store.ID, v []byte) {
-	r, err := decodeBlob(v)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if v == nil || err != nil {
-		delete(c.m, id)
-		return
+	if r, err := decodeBlob(v); v != nil && err == nil {
+		c.set(id, r)
+	} else {
+		c.forget(id)
 	}
-	if len(c.m) >= c.max {
-		if _, ok := c.m[id]; !ok {
-			for old := range c.m { // map order: a pseudo-random victim
-				delete(c.m, old)
-				break
-			}
-		}
-	}
-	c.m[id] = r
-}
-
-// reset forgets everything, after a commit whose outcome is unknown.
-// Committer only.
-func (c *blobCache) reset() {
-	c.mu.Lock()
-	clear(c.m)
-	c.mu.Unlock()
 }
 
 // blobOfKey returns the blob ID of a blob record's key.

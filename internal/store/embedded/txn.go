@@ -209,8 +209,6 @@ func (t *txn) cachedMessage(k []byte) ([]byte, bool) {
 	return t.e.lists.lookup(id, uid)
 }
 
-// message reads and decodes the record of uid in mailbox as this
-// transaction sees it; ok is false when there is none.
 // blob reads and decodes the record of blob id as this transaction sees
 // it, from the blob cache when the group has not written it.
 func (t *txn) blob(id store.ID) (blobRecord, error) {
@@ -233,6 +231,8 @@ func (t *txn) blob(id store.ID) (blobRecord, error) {
 	return decodeBlob(v)
 }
 
+// message reads and decodes the record of uid in mailbox as this
+// transaction sees it; ok is false when there is none.
 func (t *txn) message(mailbox store.ID, uid uint32) (msg store.Message, ok bool, err error) {
 	v, err := t.get(messageKey(mailbox, uid))
 	if errors.Is(err, store.ErrNotFound) {
