@@ -178,16 +178,9 @@ func (t *txn) get(k []byte) ([]byte, error) {
 		v, ok = c.get(k)
 	}
 	if !ok {
-		// Not written in this group: the overlay, then Pebble. A range
-		// delete of the group follows a checkpoint, so the overlay
-		// holds nothing in it.
-		v, ok = t.e.pend.lookup(k)
-		if !ok && !t.rangeDeleted(k) {
-			var err error
-			v, err = t.e.get(t.e.db, k)
-			if err != nil && !errors.Is(err, store.ErrNotFound) {
-				return nil, err
-			}
+		var err error
+		if v, err = t.committed(k); err != nil {
+			return nil, err
 		}
 		if c != nil {
 			c.put(string(k), v)
@@ -197,6 +190,20 @@ func (t *txn) get(k []byte) ([]byte, error) {
 		return nil, store.ErrNotFound
 	}
 	return v, nil
+}
+
+// committed reads k, which the group has not written, from the overlay,
+// then Pebble; nil means absent. A range delete of the group follows a
+// checkpoint, so the overlay holds nothing in it.
+func (t *txn) committed(k []byte) ([]byte, error) {
+	if v, ok := t.e.pend.lookup(k); ok || t.rangeDeleted(k) {
+		return v, nil
+	}
+	v, err := t.e.get(t.e.db, k)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	return v, err
 }
 
 // cachedMessage answers a read of a message record from listCache, when
@@ -215,18 +222,23 @@ func (t *txn) blob(id store.ID) (blobRecord, error) {
 	k := blobKey(id)
 	_, own := t.own[string(k)]
 	_, grouped := t.grouped[string(k)]
-	if !own && !grouped {
-		if r, ok := t.e.blobs.get(id); ok {
-			return r, nil
+	if own || grouped {
+		v, err := t.get(k)
+		if err != nil {
+			return blobRecord{}, err
 		}
+		return decodeBlob(v)
 	}
-	v, err := t.get(k)
+	if r, ok := t.e.blobs.get(id); ok {
+		return r, nil
+	}
+	v, err := t.committed(k)
 	if err != nil {
 		return blobRecord{}, err
 	}
-	if !own && !grouped {
-		// Committed: the overlay's or Pebble's.
-		t.e.blobs.put(id, v)
+	t.e.blobs.put(id, v)
+	if v == nil {
+		return blobRecord{}, store.ErrNotFound
 	}
 	return decodeBlob(v)
 }
