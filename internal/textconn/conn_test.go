@@ -127,6 +127,54 @@ func TestReaderRenewsDeadlinePerRead(t *testing.T) {
 	}
 }
 
+func TestRenewDeadline(t *testing.T) {
+	const timeout = time.Hour // the microseconds between calls do not matter
+	var last time.Time
+	d, ok := renew(&last, timeout)
+	if !ok || !last.Equal(d) || time.Until(d) < timeout-time.Minute {
+		t.Fatalf("first: %v %v, last %v", d, ok, last)
+	}
+	if _, ok := renew(&last, timeout); ok {
+		t.Fatal("renewed a deadline set just now")
+	}
+	for _, c := range []struct {
+		name string
+		last time.Time
+		want bool
+	}{
+		{"1/64 of the timeout ago", time.Now().Add(timeout - timeout/64), false},
+		{"1/16 of the timeout ago", time.Now().Add(timeout - timeout/16), true},
+		{"later than the timeout allows", time.Now().Add(2 * timeout), true},
+		{"in the past", time.Unix(1, 0), true},
+	} {
+		last = c.last
+		d, ok := renew(&last, timeout)
+		if ok != c.want {
+			t.Errorf("%s: renewed %v, want %v", c.name, ok, c.want)
+		}
+		if ok && (!last.Equal(d) || time.Until(d) < timeout-time.Minute) {
+			t.Errorf("%s: got %v, last %v", c.name, d, last)
+		}
+		if !ok && !last.Equal(c.last) {
+			t.Errorf("%s: last moved to %v", c.name, last)
+		}
+	}
+}
+
+// A timeout shortened after a longer one was set applies at once: the
+// deadline is not left at the longer one.
+func TestReadLineTimeoutAfterLongerDeadline(t *testing.T) {
+	c, client := pipe(t, Options{MaxLine: 100, ReadTimeout: time.Hour})
+	go func() { _, _ = io.WriteString(client, "first\r\n") }()
+	if line, err := c.ReadLine(); err != nil || string(line) != "first" {
+		t.Fatalf("got %q, %v", line, err)
+	}
+	c.SetReadTimeout(50 * time.Millisecond)
+	if _, err := c.ReadLine(); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("got %v, want deadline exceeded", err)
+	}
+}
+
 func TestWriteFlushAndBuffered(t *testing.T) {
 	c, client := pipe(t, Options{MaxLine: 100, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second})
 	if c.RemoteAddr().Addr().String() != "127.0.0.1" || c.LocalAddr().Port() == 0 {
