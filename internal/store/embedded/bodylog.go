@@ -13,6 +13,8 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"quill/internal/store"
 )
 
 // The body log is the engine's write-ahead log: Pebble runs with its own WAL
@@ -58,10 +60,13 @@ import (
 //
 // Space. A segment can be deleted once Pebble holds all of its records in
 // tables (a flush finished after the segment was sealed) and no blob
-// record points into it. The cleaner counts the live bytes of every
-// segment; when a sealed segment is less than half live it copies the
-// live bodies forward into the current segment, through the committer, and
-// deletes it once they have moved. Readers hold a reference on the segment
+// record points into it. Each segment knows, in memory, the blobs whose
+// records point into it and their bytes (segment.blobs, live): the
+// committer keeps them with every group it commits, and opening the store
+// counts them from the blob records (countLive). The cleaner copies the
+// live bodies of sealed segments forward into the current segment, through
+// the committer (cleanPlan says which and when), and deletes a segment
+// once no blob is left in it. Readers hold a reference on the segment
 // they read, so a deleted segment's file is closed only after its last
 // reader.
 
@@ -93,10 +98,16 @@ var crcTable = crc32.MakeTable(crc32.Castagnoli)
 // segment is one log file. refs counts the log's own reference (while the
 // segment is listed) plus one per open reader; the file closes at zero.
 type segment struct {
-	id      uint32
-	f       vfs.File // for reading
-	size    int64    // bytes written (valid length once sealed)
-	live    int64    // bytes of bodies that blob records point at
+	id   uint32
+	f    vfs.File // for reading
+	size int64    // bytes written (valid length once sealed)
+	live int64    // bytes of bodies that blob records point at
+	// blobs holds the blobs whose records point into the segment: the
+	// log index, which level 2 of the schema kept in Pebble ('g').
+	// Every body is written into the current segment in the log record
+	// that also writes its blob record, so a sealed segment never gains
+	// one.
+	blobs   map[store.ID]struct{}
 	refs    int
 	sealed  bool   // no more records will be written to it
 	flushed bool   // sealed, and Pebble's tables hold all its records
@@ -517,13 +528,16 @@ func (l *bodyLog) commit(repr []byte) error {
 	return nil
 }
 
-// segDelta is a change in a segment's live bytes.
+// segDelta is a blob's body of size bytes arriving in a segment (add) or
+// leaving it.
 type segDelta struct {
 	seg   uint32
 	bytes int64
+	blob  store.ID
+	add   bool
 }
 
-// addLive applies the live-byte changes of a committed group.
+// addLive applies the deltas of a committed group, in order.
 func (l *bodyLog) addLive(deltas []segDelta) {
 	if len(deltas) == 0 {
 		return
@@ -531,10 +545,32 @@ func (l *bodyLog) addLive(deltas []segDelta) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, d := range deltas {
-		if s := l.segs[d.seg]; s != nil {
+		s := l.segs[d.seg]
+		if s == nil {
+			continue
+		}
+		if d.add {
 			s.live += d.bytes
+			if s.blobs == nil {
+				s.blobs = make(map[store.ID]struct{})
+			}
+			s.blobs[d.blob] = struct{}{}
+		} else {
+			s.live -= d.bytes
+			delete(s.blobs, d.blob)
 		}
 	}
+}
+
+// liveBlobs returns the blobs whose records point into s.
+func (l *bodyLog) liveBlobs(s *segment) []store.ID {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ids := make([]store.ID, 0, len(s.blobs))
+	for id := range s.blobs {
+		ids = append(ids, id)
+	}
+	return ids
 }
 
 // acquire returns segment id with a reference the caller must release, or

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"quill/internal/store"
@@ -468,6 +469,80 @@ func TestUpgradeFromChunkStore(t *testing.T) {
 		t.Fatalf("schema level %v, %v; want %d", v, err, schemaLevel)
 	}
 	verifyBodies(t, e, box, bodies)
+}
+
+// TestUpgradeFromLogIndex: a store at schema level 2, which kept a log
+// index entry per body in Pebble, opens at level 3 without the entries, its
+// segments' blobs and live bytes counted from the blob records.
+func TestUpgradeFromLogIndex(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	e, err := Open(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	box, bodies := deliverN(t, e, "u@example.test", 20, 300)
+	var live int64
+	for _, b := range bodies {
+		live += int64(len(b))
+	}
+	// Level 2's index: 'g' segment(4) blobID -> size, one per body.
+	msgs, err := e.ListMessages(ctx, box, 1, 1<<20)
+	if err != nil || len(msgs) != len(bodies) {
+		t.Fatalf("listed %d messages, %v; want %d", len(msgs), err, len(bodies))
+	}
+	if err := e.update(ctx, func(t *txn) error {
+		for _, m := range msgs {
+			r, err := t.blob(m.Blob)
+			if err != nil {
+				return err
+			}
+			k := binary.BigEndian.AppendUint32([]byte{tLogged}, r.Seg)
+			t.set(append(k, m.Blob[:]...), binary.AppendVarint(nil, r.Size))
+		}
+		t.set([]byte{tVersion}, []byte{2})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.Close()
+
+	e, err = Open(dir, Options{})
+	if err != nil {
+		t.Fatalf("opening a level-2 store: %v", err)
+	}
+	if v, err := e.get(e.db, []byte{tVersion}); err != nil || v[0] != schemaLevel {
+		t.Fatalf("schema level %v, %v; want %d", v, err, schemaLevel)
+	}
+	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: []byte{tLogged}, UpperBound: []byte{tLogged + 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if it.First() {
+		t.Errorf("log index entry %x left after the upgrade", it.Key())
+	}
+	it.Close()
+	if st := e.blog.stats(); st.live != live {
+		t.Errorf("live bytes %d, want the bodies' %d", st.live, live)
+	}
+	e = reopenVerified(t, e, dir, Options{}, box, bodies) // Check included
+	if st := e.blog.stats(); st.live != live {
+		t.Errorf("after reopening, live bytes %d, want %d", st.live, live)
+	}
+
+	// The cleaner would delete a segment that lists none of its blobs:
+	// Check reports a blob its segment does not list.
+	r, err := e.committedBlob(msgs[0].Blob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.blog.mu.Lock()
+	delete(e.blog.segs[r.Seg].blobs, msgs[0].Blob)
+	e.blog.mu.Unlock()
+	problems, err := e.Check(ctx)
+	if err != nil || len(problems) != 1 || !strings.Contains(problems[0], "does not list it") {
+		t.Fatalf("Check with a blob missing from its segment: %q, %v", problems, err)
+	}
 }
 
 // TestLogReadsV1Segments: segments written before the checksums covered

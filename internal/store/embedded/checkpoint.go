@@ -19,8 +19,7 @@ import (
 // Pebble. It folds the group's writes into an in-memory overlay, and a
 // checkpoint applies the overlay's net effect to Pebble every few seconds.
 // A record written and deleted between two checkpoints (the message,
-// change, blob and log index records of mail delivered and retrieved in
-// that time) never reaches the memtable, and a record rewritten many
+// change and blob records of mail delivered and retrieved in that time) never reaches the memtable, and a record rewritten many
 // times (a busy mailbox's or user's counters) reaches it once.
 //
 // Durability does not move: a group is acknowledged once its log record is
@@ -90,24 +89,18 @@ type layer struct {
 }
 
 // span names records that are iterated together: one mailbox's message,
-// change and mailbox records, or one log segment's index entries.
+// change and mailbox records.
 type span struct {
 	box store.ID
-	seg uint32
-	log bool
 }
 
 func boxSpan(id store.ID) span { return span{box: id} }
-func segSpan(seg uint32) span  { return span{seg: seg, log: true} }
 
 func spanOf[K string | []byte](k K) (span, bool) {
-	switch {
-	case len(k) >= 1+len(store.ID{}) && (k[0] == tMessage || k[0] == tChange || k[0] == tMailbox):
+	if len(k) >= 1+len(store.ID{}) && (k[0] == tMessage || k[0] == tChange || k[0] == tMailbox) {
 		var s span
 		copy(s.box[:], k[1:])
 		return s, true
-	case len(k) >= 5 && k[0] == tLogged:
-		return segSpan(uint32(k[1])<<24 | uint32(k[2])<<16 | uint32(k[3])<<8 | uint32(k[4])), true
 	}
 	return span{}, false
 }

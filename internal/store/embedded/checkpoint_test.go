@@ -32,8 +32,7 @@ func TestConformanceOverlay(t *testing.T) {
 }
 
 // A message delivered and expunged between two checkpoints never reaches
-// Pebble: its message, change, blob and log index records cancel in the
-// overlay, and the checkpoint applies only the counters and the expunge's
+// Pebble: its message, change and blob records cancel in the overlay, and the checkpoint applies only the counters and the expunge's
 // change entry.
 func TestCheckpointCancelsShortLived(t *testing.T) {
 	ctx := context.Background()
@@ -63,9 +62,9 @@ func TestCheckpointCancelsShortLived(t *testing.T) {
 	}
 	after := e.pend.stats()
 	cancelled, applied := after.cancelled-before.cancelled, after.applied-before.applied
-	// Per message: message, added entry, blob and log index records.
-	if cancelled < 4*n {
-		t.Errorf("%d records cancelled, want at least %d", cancelled, 4*n)
+	// Per message: message, added entry and blob records.
+	if cancelled < 3*n {
+		t.Errorf("%d records cancelled, want at least %d", cancelled, 3*n)
 	}
 	// The mailbox, usage and log position records, and one expunge entry
 	// per message (pruned only past ExpungeWindow).
@@ -157,9 +156,9 @@ func TestOverlayViews(t *testing.T) {
 }
 
 // BenchmarkOverlayMerge feeds the overlay what the mix's commit groups
-// write per delivered message (message, change, blob and log index records
-// inserted; the mailbox and usage records rewritten) and per retrieval (the
-// four deleted, an expunge entry inserted), retrieving each message lag
+// write per delivered message (message, change and blob records inserted;
+// the mailbox and usage records rewritten) and per retrieval (the three
+// deleted, an expunge entry inserted), retrieving each message lag
 // messages after its delivery, with a checkpoint's reset every 40,000
 // messages (5 s at 8,000 msg/s). Reported per message; the writes are
 // built before the timer starts.
@@ -171,11 +170,11 @@ func BenchmarkOverlayMerge(b *testing.B) {
 			for i := range mboxes {
 				mboxes[i] = store.NewID()
 			}
-			keysOf := func(i int) [4][]byte {
+			keysOf := func(i int) [3][]byte {
 				box := mboxes[i%len(mboxes)]
 				blob := store.ID{}
 				binary.BigEndian.PutUint64(blob[:], uint64(i))
-				return [4][]byte{messageKey(box, uint32(i)), changeKey(box, uint64(i), uint32(i)), blobKey(blob), loggedKey(uint32(i/10000), blob)}
+				return [3][]byte{messageKey(box, uint32(i)), changeKey(box, uint64(i), uint32(i)), blobKey(blob)}
 			}
 			val := make([]byte, 40)
 			usage := usageKey("user@example.test")

@@ -27,7 +27,9 @@ import (
 //	'B' blobID                        -> blob record (size, refs, and chunks
 //	                                     or the body's place in the log)
 //	'b' blobID chunk(4)               -> chunk bytes
-//	'g' segment(4) blobID             -> size: a body stored in that log segment
+//	'g' segment(4) blobID             -> size: level 2's log index, which
+//	                                     the upgrade to level 3 deletes
+//	                                     (segment.blobs replaces it)
 //	'L'                               -> position of the log record that wrote
 //	                                     this batch (bodylog.go)
 //	'p' blobID                        -> creation time: blob not yet referenced
@@ -51,9 +53,11 @@ const (
 	tValidity = 'v'
 	tVersion  = 'V'
 	// schemaLevel 2 stores bodies in the log; level 1 stored them only in
-	// chunks, which level 2 still reads, so opening a level-1 store
-	// upgrades it in place.
-	schemaLevel = 2
+	// chunks, which later levels still read. Level 3 drops level 2's log
+	// index. Opening a store of a lower level upgrades it in place; a
+	// binary of a lower level refuses a level-3 store, whose log it would
+	// take for garbage.
+	schemaLevel = 3
 )
 
 func key(table byte, parts ...[]byte) []byte {
@@ -81,7 +85,6 @@ func changePrefix(id store.ID) []byte  { return key(tChange, id[:]) }
 func blobKey(id store.ID) []byte       { return key(tBlob, id[:]) }
 func chunkPrefix(id store.ID) []byte   { return key(tChunk, id[:]) }
 func pendingKey(id store.ID) []byte    { return key(tPending, id[:]) }
-func loggedPrefix(seg uint32) []byte   { return binary.BigEndian.AppendUint32([]byte{tLogged}, seg) }
 func usageKey(u string) []byte         { return key(tUsage, []byte(u)) }
 func validityKey(u string) []byte      { return key(tValidity, []byte(u)) }
 
@@ -92,11 +95,6 @@ func messageKey(id store.ID, uid uint32) []byte {
 func changeKey(id store.ID, modseq uint64, uid uint32) []byte {
 	k := binary.BigEndian.AppendUint64(key(tChange, id[:]), modseq)
 	return binary.BigEndian.AppendUint32(k, uid)
-}
-
-func loggedKey(seg uint32, id store.ID) []byte {
-	k := binary.BigEndian.AppendUint32(append(make([]byte, 0, 1+4+len(id)), tLogged), seg)
-	return append(k, id[:]...)
 }
 
 func chunkKey(id store.ID, n uint32) []byte {

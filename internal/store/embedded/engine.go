@@ -294,10 +294,12 @@ func (e *Engine) recover(dir string) error {
 	if err := e.checkVersion(); err != nil {
 		return err
 	}
-	if err := e.reclaimPending(0); err != nil {
+	// Counted first, so that the reclaimed blobs' bodies are subtracted
+	// from their segments' counts rather than from nothing.
+	if err := e.countLive(); err != nil {
 		return err
 	}
-	return e.countLive()
+	return e.reclaimPending(0)
 }
 
 // runNow commits fn as a group of its own on the calling goroutine; only
@@ -329,10 +331,14 @@ func (e *Engine) checkVersion() error {
 	switch {
 	case len(v) == 1 && v[0] == schemaLevel:
 		return nil
-	case errors.Is(err, store.ErrNotFound), len(v) == 1 && v[0] == 1:
+	case errors.Is(err, store.ErrNotFound), len(v) == 1 && (v[0] == 1 || v[0] == 2):
 		// A new store, or level 1, whose chunk-stored bodies this level
-		// still reads.
+		// still reads, or level 2, whose log index countLive no longer
+		// needs.
 		return e.runNow(func(t *txn) error {
+			if len(v) == 1 && v[0] == 2 {
+				t.deletePrefix([]byte{tLogged})
+			}
 			t.set([]byte{tVersion}, []byte{schemaLevel})
 			return nil
 		})

@@ -3,7 +3,6 @@ package embedded
 import (
 	"cmp"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -19,13 +18,13 @@ import (
 // answers the deliveries it holds, so a large one shows in their latency.
 const moveBatchBytes = 512 << 10
 
-// countLive sets every segment's live bytes from the log index; at open,
-// before the committer starts.
+// countLive finds every segment's blobs and live bytes from the blob
+// records; at open, before the committer starts.
 func (e *Engine) countLive() error {
 	if err := e.checkpoint("open"); err != nil {
 		return err
 	}
-	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: []byte{tLogged}, UpperBound: []byte{tLogged + 1}})
+	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: []byte{tBlob}, UpperBound: []byte{tBlob + 1}})
 	if err != nil {
 		return err
 	}
@@ -33,11 +32,19 @@ func (e *Engine) countLive() error {
 	var deltas []segDelta
 	for it.First(); it.Valid(); it.Next() {
 		k := it.Key()
-		size, n := binary.Varint(it.Value())
-		if len(k) != 1+4+16 || n <= 0 {
-			return fmt.Errorf("embedded: log index entry %x: %w", k, errCorrupt)
+		var id store.ID
+		if len(k) != 1+len(id) {
+			return fmt.Errorf("embedded: blob record key %x: %w", k, errCorrupt)
 		}
-		deltas = append(deltas, segDelta{binary.BigEndian.Uint32(k[1:5]), size})
+		r, err := decodeBlob(it.Value())
+		if err != nil {
+			return fmt.Errorf("embedded: blob record %x: %w", k, err)
+		}
+		if r.Seg == 0 {
+			continue // in chunks (schema level 1)
+		}
+		copy(id[:], k[1:])
+		deltas = append(deltas, segDelta{seg: r.Seg, bytes: r.Size, blob: id, add: true})
 	}
 	if err := it.Error(); err != nil {
 		return err
@@ -185,22 +192,10 @@ func cleanPlan(segs map[uint32]*segment, segBytes int64) []*segment {
 	return plan
 }
 
-// dropSegment deletes a sealed, flushed segment if the log index confirms
-// that no blob points into it. The index, not the live count, decides: the
-// count only says when to look.
+// dropSegment deletes a sealed, flushed segment if no blob points into it.
+// The blobs it holds decide, not its live bytes.
 func (e *Engine) dropSegment(s *segment) error {
-	p := loggedPrefix(s.id)
-	// The deletions of its entries, moveLive's among them, may still be
-	// in the overlay; no write there adds one to a sealed segment.
-	it, _, err := e.spanView(segSpan(s.id), p, prefixEnd(p), nil, false)
-	if err != nil {
-		return err
-	}
-	used := it.First()
-	if err := errors.Join(it.Error(), it.Close()); err != nil {
-		return err
-	}
-	if used {
+	if len(e.blog.liveBlobs(s)) > 0 {
 		return nil
 	}
 	return e.blog.remove(s)
@@ -214,20 +209,7 @@ func (e *Engine) moveLive(s *segment) error {
 		off  int64
 		body []byte
 	}
-	p := loggedPrefix(s.id)
-	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: prefixEnd(p)})
-	if err != nil {
-		return err
-	}
-	var ids []store.ID
-	for it.First(); it.Valid(); it.Next() {
-		var id store.ID
-		copy(id[:], it.Key()[len(p):])
-		ids = append(ids, id)
-	}
-	if err := errors.Join(it.Error(), it.Close()); err != nil {
-		return err
-	}
+	ids := e.blog.liveBlobs(s)
 	var batch []live
 	var bytes int64
 	// arena holds the batch's bodies back to back. The committer copies
@@ -254,12 +236,10 @@ func (e *Engine) moveLive(s *segment) error {
 				if r.Seg != s.id || r.Off != m.off {
 					continue
 				}
-				t.del(loggedKey(s.id, m.id))
-				t.deltas = append(t.deltas, segDelta{s.id, -r.Size})
+				t.deltas = append(t.deltas, segDelta{seg: s.id, bytes: r.Size, blob: m.id})
 				r.Seg, r.Off = t.e.blog.addBody(m.body)
-				t.set(loggedKey(r.Seg, m.id), binary.AppendVarint(nil, r.Size))
 				t.set(blobKey(m.id), encodeBlob(r))
-				t.deltas = append(t.deltas, segDelta{r.Seg, r.Size})
+				t.deltas = append(t.deltas, segDelta{seg: r.Seg, bytes: r.Size, blob: m.id, add: true})
 				moved += r.Size
 			}
 			return nil

@@ -2,7 +2,6 @@ package embedded
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -377,9 +376,8 @@ func (t *txn) addUsage(user string, bytes, msgs int64) error {
 func (t *txn) putLogBlob(id store.ID, body []byte, refs int64) {
 	seg, off := t.e.blog.addBody(body)
 	size := int64(len(body))
-	t.insert(loggedKey(seg, id), binary.AppendVarint(nil, size))
 	t.insert(blobKey(id), encodeBlob(blobRecord{Size: size, Refs: refs, Seg: seg, Off: off}))
-	t.deltas = append(t.deltas, segDelta{seg, size})
+	t.deltas = append(t.deltas, segDelta{seg: seg, bytes: size, blob: id, add: true})
 }
 
 // dropBlob deletes a blob: its record and its bytes, in the log or in
@@ -389,8 +387,7 @@ func (t *txn) putLogBlob(id store.ID, body []byte, refs int64) {
 func (t *txn) dropBlob(id store.ID, r blobRecord) {
 	t.del(blobKey(id))
 	if r.Seg != 0 {
-		t.del(loggedKey(r.Seg, id))
-		t.deltas = append(t.deltas, segDelta{r.Seg, -r.Size})
+		t.deltas = append(t.deltas, segDelta{seg: r.Seg, bytes: r.Size, blob: id})
 		return
 	}
 	for n := uint32(0); n < r.Chunks; n++ {
