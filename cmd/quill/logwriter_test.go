@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -98,7 +97,7 @@ func TestLogUnbuffered(t *testing.T) {
 	if !strings.Contains(b.String(), "msg=now session=7") {
 		t.Fatalf("flush_interval 0 should write at once; got %q", b.String())
 	}
-	if _, ok := log.Handler().(*slog.TextHandler); !ok {
+	if _, ok := log.Handler().(*textHandler); !ok {
 		t.Fatalf("handler %T, want the plain text handler", log.Handler())
 	}
 }

@@ -131,7 +131,7 @@ func newLogger(c config.Log, w io.Writer) (*slog.Logger, func()) {
 	if c.Format == "json" {
 		h = slog.NewJSONHandler(w, opts)
 	} else {
-		h = slog.NewTextHandler(w, opts)
+		h = newTextHandler(w, opts)
 	}
 	if lw == nil {
 		return slog.New(h), func() {}
