@@ -60,13 +60,25 @@ import (
 //
 // Space. A segment can be deleted once Pebble holds all of its records in
 // tables (a flush finished after the segment was sealed) and no blob
-// record points into it. Each segment knows, in memory, the blobs whose
-// records point into it and their bytes (segment.blobs, live): the
-// committer keeps them with every group it commits, and opening the store
-// counts them from the blob records (countLive). The cleaner copies the
-// live bodies of sealed segments forward into the current segment, through
-// the committer (cleanPlan says which and when), and deletes a segment
-// once no blob is left in it. Readers hold a reference on the segment
+// record points into it. The engine counts each segment's live bytes in
+// memory, and keeps its log index, the blobs whose records point into it:
+//   - in memory (segment.blobs) while the segment is young: the committer
+//     keeps it with every group it commits, and opening the store rebuilds
+//     it from the blob records (countLive). Most bodies die young under
+//     mail's retrieve-and-delete pattern, and so never touch Pebble.
+//   - in Pebble ('g' segment, blob -> size) once it is frozen: while the
+//     young segments list more than LogIndexBlobs blobs, the oldest is
+//     frozen, one transaction writing the entries of the blobs still in
+//     it; later transactions delete an entry with its blob or its move.
+//     Memory thus holds a bounded index, however much mail the store
+//     keeps, and a store whose live mail fits the bound (most, at 2 Mi
+//     bodies) writes no index entry at all.
+//
+// Every body is written into the current segment in the log record that
+// also writes its blob record, so a sealed segment never gains a blob. The
+// cleaner copies the live bodies of sealed segments forward into the
+// current segment, through the committer (cleanPlan says which and when),
+// and deletes a segment once its index is empty. Readers hold a reference on the segment
 // they read, so a deleted segment's file is closed only after its last
 // reader.
 
@@ -87,6 +99,9 @@ const (
 	// flush before the cleaner forces one: forcing one per segment would
 	// multiply Pebble's flushes.
 	cleanAfterSegments = 4
+	// logIndexBlobs is Options.LogIndexBlobs's default: at 4 KiB a body,
+	// the newest 8 GiB of live mail.
+	logIndexBlobs = 2 << 20
 	// spareSegments bounds the deleted segments kept for reuse: enough for
 	// the cleaner's bursts of deletions to cover the rotations until its
 	// next pass.
@@ -102,16 +117,17 @@ type segment struct {
 	f    vfs.File // for reading
 	size int64    // bytes written (valid length once sealed)
 	live int64    // bytes of bodies that blob records point at
-	// blobs holds the blobs whose records point into the segment: the
-	// log index, which level 2 of the schema kept in Pebble ('g').
-	// Every body is written into the current segment in the log record
-	// that also writes its blob record, so a sealed segment never gains
-	// one.
-	blobs   map[store.ID]struct{}
-	refs    int
-	sealed  bool   // no more records will be written to it
-	flushed bool   // sealed, and Pebble's tables hold all its records
-	seed    uint32 // checksum of the id that starts every checksum (0: "QLG1")
+	// blobs is the log index of a young segment: the blobs whose records
+	// point into it. A frozen segment's is in Pebble, and blobs is nil.
+	blobs  map[store.ID]struct{}
+	frozen bool
+	// freezing: a transaction in the group being committed writes the
+	// segment's index into Pebble (Engine.freeze).
+	freezing bool
+	refs     int
+	sealed   bool   // no more records will be written to it
+	flushed  bool   // sealed, and Pebble's tables hold all its records
+	seed     uint32 // checksum of the id that starts every checksum (0: "QLG1")
 }
 
 // bodyLog is the write-ahead log and body store. The writing half (cur, w,
@@ -529,12 +545,13 @@ func (l *bodyLog) commit(repr []byte) error {
 }
 
 // segDelta is a blob's body of size bytes arriving in a segment (add) or
-// leaving it.
+// leaving it, or the segment's index moving into Pebble (freeze).
 type segDelta struct {
-	seg   uint32
-	bytes int64
-	blob  store.ID
-	add   bool
+	seg    uint32
+	bytes  int64
+	blob   store.ID
+	add    bool
+	freeze bool
 }
 
 // addLive applies the deltas of a committed group, in order.
@@ -549,28 +566,48 @@ func (l *bodyLog) addLive(deltas []segDelta) {
 		if s == nil {
 			continue
 		}
-		if d.add {
-			s.live += d.bytes
-			if s.blobs == nil {
-				s.blobs = make(map[store.ID]struct{})
-			}
-			s.blobs[d.blob] = struct{}{}
-		} else {
-			s.live -= d.bytes
-			delete(s.blobs, d.blob)
+		if d.freeze {
+			s.frozen, s.freezing, s.blobs = true, false, nil
+			continue
 		}
+		if !d.add {
+			s.live -= d.bytes
+			delete(s.blobs, d.blob) // a frozen segment's goes with its entry
+			continue
+		}
+		s.live += d.bytes
+		if s.frozen {
+			// Only countLive adds to a frozen segment: bodies are
+			// written into the current segment, which is young.
+			continue
+		}
+		if s.blobs == nil {
+			s.blobs = make(map[store.ID]struct{})
+		}
+		s.blobs[d.blob] = struct{}{}
 	}
 }
 
-// liveBlobs returns the blobs whose records point into s.
-func (l *bodyLog) liveBlobs(s *segment) []store.ID {
+// youngBlobs returns the blobs in s's in-memory index, and whether s is
+// frozen (its index in Pebble).
+func (l *bodyLog) youngBlobs(s *segment) (ids []store.ID, frozen bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	ids := make([]store.ID, 0, len(s.blobs))
+	ids = make([]store.ID, 0, len(s.blobs))
 	for id := range s.blobs {
 		ids = append(ids, id)
 	}
-	return ids
+	return ids, s.frozen
+}
+
+// isFrozen reports whether segment id keeps its index in Pebble, or a
+// transaction of the group being committed moves it there: either way a
+// transaction that drops or moves one of its blobs deletes the entry.
+func (l *bodyLog) isFrozen(id uint32) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.segs[id]
+	return s != nil && (s.frozen || s.freezing)
 }
 
 // acquire returns segment id with a reference the caller must release, or

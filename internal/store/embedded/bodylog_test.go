@@ -472,8 +472,8 @@ func TestUpgradeFromChunkStore(t *testing.T) {
 }
 
 // TestUpgradeFromLogIndex: a store at schema level 2, which kept a log
-// index entry per body in Pebble, opens at level 3 without the entries, its
-// segments' blobs and live bytes counted from the blob records.
+// index entry per body in Pebble, opens at level 3 with those segments
+// frozen; expunges delete their entries, and a reopen finds them again.
 func TestUpgradeFromLogIndex(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -482,10 +482,6 @@ func TestUpgradeFromLogIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	box, bodies := deliverN(t, e, "u@example.test", 20, 300)
-	var live int64
-	for _, b := range bodies {
-		live += int64(len(b))
-	}
 	// Level 2's index: 'g' segment(4) blobID -> size, one per body.
 	msgs, err := e.ListMessages(ctx, box, 1, 1<<20)
 	if err != nil || len(msgs) != len(bodies) {
@@ -497,8 +493,7 @@ func TestUpgradeFromLogIndex(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			k := binary.BigEndian.AppendUint32([]byte{tLogged}, r.Seg)
-			t.set(append(k, m.Blob[:]...), binary.AppendVarint(nil, r.Size))
+			t.set(loggedKey(r.Seg, m.Blob), binary.AppendVarint(nil, r.Size))
 		}
 		t.set([]byte{tVersion}, []byte{2})
 		return nil
@@ -514,34 +509,129 @@ func TestUpgradeFromLogIndex(t *testing.T) {
 	if v, err := e.get(e.db, []byte{tVersion}); err != nil || v[0] != schemaLevel {
 		t.Fatalf("schema level %v, %v; want %d", v, err, schemaLevel)
 	}
-	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: []byte{tLogged}, UpperBound: []byte{tLogged + 1}})
+	r, err := e.committedBlob(msgs[0].Blob)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if it.First() {
-		t.Errorf("log index entry %x left after the upgrade", it.Key())
+	if ids, frozen := e.blog.youngBlobs(e.blog.segs[r.Seg]); !frozen || len(ids) > 0 {
+		t.Fatalf("segment %d: frozen %v, %d blobs in memory; want frozen, none", r.Seg, frozen, len(ids))
 	}
-	it.Close()
+	expungeUnless(t, e, box, bodies, func(uid uint32) bool { return uid%2 == 0 })
+	var live int64
+	for _, b := range bodies {
+		live += int64(len(b))
+	}
 	if st := e.blog.stats(); st.live != live {
-		t.Errorf("live bytes %d, want the bodies' %d", st.live, live)
+		t.Errorf("live bytes %d, want the kept bodies' %d", st.live, live)
 	}
 	e = reopenVerified(t, e, dir, Options{}, box, bodies) // Check included
 	if st := e.blog.stats(); st.live != live {
 		t.Errorf("after reopening, live bytes %d, want %d", st.live, live)
 	}
+}
 
-	// The cleaner would delete a segment that lists none of its blobs:
-	// Check reports a blob its segment does not list.
-	r, err := e.committedBlob(msgs[0].Blob)
+// TestLogIndexFreeze: the oldest segments' log indexes move from memory
+// into Pebble once the young ones list more than LogIndexBlobs blobs,
+// holding only the blobs still in them; expunges and the cleaner's moves delete its entries; a reopen finds
+// which segments are frozen; and Check notices an index that misses a blob,
+// in memory or in Pebble, before the cleaner could delete its body.
+func TestLogIndexFreeze(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	opts := Options{LogSegmentBytes: 64 << 10, LogIndexBlobs: 20}
+	e, err := Open(dir, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
+	box, bodies := deliverN(t, e, "u@example.test", 300, 4000)
+	expungeUnless(t, e, box, bodies, func(uid uint32) bool { return uid%3 == 0 })
+	if err := e.cleanLog(false); err != nil {
+		t.Fatal(err)
+	}
+	frozenSegs := func(e *Engine) (n int) {
+		e.blog.mu.Lock()
+		defer e.blog.mu.Unlock()
+		for _, s := range e.blog.segs {
+			if s.frozen {
+				n++
+				if len(s.blobs) > 0 {
+					t.Errorf("frozen segment %d holds %d blobs in memory", s.id, len(s.blobs))
+				}
+			}
+		}
+		return n
+	}
+	entries := func(e *Engine) (n int) {
+		it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: []byte{tLogged}, UpperBound: []byte{tLogged + 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer it.Close()
+		for ok := it.First(); ok; ok = it.Next() {
+			n++
+		}
+		return n
+	}
+	before := frozenSegs(e)
+	if before == 0 {
+		t.Fatal("no segment frozen")
+	}
+	if err := e.checkpoint("test"); err != nil {
+		t.Fatal(err)
+	}
+	if n := entries(e); n == 0 || n > len(bodies) {
+		t.Errorf("%d log index entries in Pebble for %d live bodies; want some, at most one each", n, len(bodies))
+	}
+	verifyBodies(t, e, box, bodies) // Check included
+	// Moves out of frozen segments, and expunges of their blobs.
+	if err := e.cleanLog(true); err != nil {
+		t.Fatal(err)
+	}
+	expungeUnless(t, e, box, bodies, func(uid uint32) bool { return uid%6 == 0 })
+	e = reopenVerified(t, e, dir, opts, box, bodies)
+	if frozenSegs(e) == 0 {
+		t.Error("no segment frozen after reopening")
+	}
+
+	// The cleaner deletes a segment whose index lists no blob: Check
+	// reports a blob missing from its segment's index.
+	msgs, err := e.ListMessages(ctx, box, 1, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var young, old *store.Message
+	for i := range msgs {
+		r, err := e.committedBlob(msgs[i].Blob)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.blog.isFrozen(r.Seg) {
+			old = &msgs[i]
+		} else {
+			young = &msgs[i]
+		}
+	}
+	if young == nil || old == nil {
+		t.Fatalf("want blobs in young and frozen segments (young %v, frozen %v)", young != nil, old != nil)
+	}
+	r, _ := e.committedBlob(young.Blob)
 	e.blog.mu.Lock()
-	delete(e.blog.segs[r.Seg].blobs, msgs[0].Blob)
+	delete(e.blog.segs[r.Seg].blobs, young.Blob)
 	e.blog.mu.Unlock()
 	problems, err := e.Check(ctx)
 	if err != nil || len(problems) != 1 || !strings.Contains(problems[0], "does not list it") {
-		t.Fatalf("Check with a blob missing from its segment: %q, %v", problems, err)
+		t.Fatalf("Check with a blob missing from a young segment's index: %q, %v", problems, err)
+	}
+	e.blog.mu.Lock()
+	e.blog.segs[r.Seg].blobs[young.Blob] = struct{}{}
+	e.blog.mu.Unlock()
+	r, _ = e.committedBlob(old.Blob)
+	if err := e.update(ctx, func(t *txn) error { t.del(loggedKey(r.Seg, old.Blob)); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	problems, err = e.Check(ctx)
+	if err != nil || len(problems) != 1 || !strings.Contains(problems[0], "does not list it") {
+		t.Fatalf("Check with a blob missing from a frozen segment's index: %q, %v", problems, err)
 	}
 }
 

@@ -22,8 +22,9 @@ import (
 //   - each blob's reference count equals the messages referencing it, and
 //     its chunks add up to its size or its bytes lie within its log
 //     segment;
-//   - each log segment lists exactly the blobs that point into it, and
-//     counts their bytes (checkLogIndex);
+//   - each log segment's index, in memory or in Pebble, lists exactly the
+//     blobs that point into it, and its live bytes are theirs
+//     (checkLogIndex);
 //   - each user's usage equals the sum over its mailboxes;
 //   - each mailbox listCache holds has exactly the message records the
 //     database has (checkLists).
@@ -182,13 +183,6 @@ func (e *Engine) Check(ctx context.Context) ([]string, error) {
 	for id, n := range refs {
 		report("blob %s: missing, referenced by %d messages", id, n)
 	}
-	err = scan([]byte{tLogged}, func(k, _ []byte) error {
-		report("log index entry %x of schema level 2 left after the upgrade", k)
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
 	err = scan([]byte{tUser}, func(k, _ []byte) error {
 		user := string(k[1:])
 		want := usage[user]
@@ -270,10 +264,10 @@ func (e *Engine) checkLists(ctx context.Context, report func(string, ...any)) er
 	return err
 }
 
-// checkLogIndex checks the segments' blobs and live bytes (segment.blobs,
-// live) against the blob records, in a transaction so that the committer
-// changes neither meanwhile: the cleaner deletes a segment that lists no
-// blob, so a blob missing from its segment's list would lose its body.
+// checkLogIndex checks the segments' log indexes and live bytes against
+// the blob records, in a transaction so that the committer changes neither
+// meanwhile: the cleaner deletes a segment whose index lists no blob, so a
+// blob missing from its segment's index would lose its body.
 func (e *Engine) checkLogIndex(ctx context.Context, report func(string, ...any)) error {
 	var found []string
 	err := e.update(ctx, func(t *txn) error {
@@ -286,6 +280,7 @@ func (e *Engine) checkLogIndex(ctx context.Context, report func(string, ...any))
 		}
 		in := map[store.ID]uint32{}
 		live := map[uint32]int64{}
+		frozen := map[uint32]bool{}
 		l := e.blog
 		l.mu.Lock()
 		for _, s := range l.segs {
@@ -293,6 +288,7 @@ func (e *Engine) checkLogIndex(ctx context.Context, report func(string, ...any))
 				in[id] = s.id
 			}
 			live[s.id] = s.live
+			frozen[s.id] = s.frozen
 		}
 		l.mu.Unlock()
 		for _, d := range t.deltas {
@@ -300,12 +296,30 @@ func (e *Engine) checkLogIndex(ctx context.Context, report func(string, ...any))
 				in[d.blob] = d.seg
 				live[d.seg] += d.bytes
 			} else {
-				delete(in, d.blob)
+				if in[d.blob] == d.seg {
+					delete(in, d.blob)
+				}
 				live[d.seg] -= d.bytes
 			}
 		}
+		err := t.scan([]byte{tLogged}, func(k, _ []byte) error {
+			seg := binary.BigEndian.Uint32(k[1:5])
+			var id store.ID
+			copy(id[:], k[5:])
+			if !frozen[seg] {
+				found = append(found, fmt.Sprintf("log index entry in Pebble for blob %s in young log segment %d", id, seg))
+			}
+			if old, ok := in[id]; ok {
+				found = append(found, fmt.Sprintf("blob %s: listed by log segments %d and %d", id, old, seg))
+			}
+			in[id] = seg
+			return nil
+		})
+		if err != nil {
+			return err
+		}
 		sums := map[uint32]int64{}
-		err := t.scan([]byte{tBlob}, func(k, v []byte) error {
+		err = t.scan([]byte{tBlob}, func(k, v []byte) error {
 			var id store.ID
 			copy(id[:], k[1:])
 			r, err := decodeBlob(v)

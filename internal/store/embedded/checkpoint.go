@@ -89,18 +89,24 @@ type layer struct {
 }
 
 // span names records that are iterated together: one mailbox's message,
-// change and mailbox records.
+// change and mailbox records, or one frozen log segment's index entries.
 type span struct {
 	box store.ID
+	seg uint32
+	log bool
 }
 
 func boxSpan(id store.ID) span { return span{box: id} }
+func segSpan(seg uint32) span  { return span{seg: seg, log: true} }
 
 func spanOf[K string | []byte](k K) (span, bool) {
-	if len(k) >= 1+len(store.ID{}) && (k[0] == tMessage || k[0] == tChange || k[0] == tMailbox) {
+	switch {
+	case len(k) >= 1+len(store.ID{}) && (k[0] == tMessage || k[0] == tChange || k[0] == tMailbox):
 		var s span
 		copy(s.box[:], k[1:])
 		return s, true
+	case len(k) >= 5 && k[0] == tLogged:
+		return segSpan(uint32(k[1])<<24 | uint32(k[2])<<16 | uint32(k[3])<<8 | uint32(k[4])), true
 	}
 	return span{}, false
 }

@@ -27,9 +27,8 @@ import (
 //	'B' blobID                        -> blob record (size, refs, and chunks
 //	                                     or the body's place in the log)
 //	'b' blobID chunk(4)               -> chunk bytes
-//	'g' segment(4) blobID             -> size: level 2's log index, which
-//	                                     the upgrade to level 3 deletes
-//	                                     (segment.blobs replaces it)
+//	'g' segment(4) blobID             -> size: the log index of a frozen
+//	                                     segment (bodylog.go, "Space")
 //	'L'                               -> position of the log record that wrote
 //	                                     this batch (bodylog.go)
 //	'p' blobID                        -> creation time: blob not yet referenced
@@ -53,10 +52,12 @@ const (
 	tValidity = 'v'
 	tVersion  = 'V'
 	// schemaLevel 2 stores bodies in the log; level 1 stored them only in
-	// chunks, which later levels still read. Level 3 drops level 2's log
-	// index. Opening a store of a lower level upgrades it in place; a
-	// binary of a lower level refuses a level-3 store, whose log it would
-	// take for garbage.
+	// chunks, which later levels still read. Level 3 keeps the log index
+	// of young segments in memory only, where level 2 kept every
+	// segment's in Pebble; a level-2 store is a level-3 store whose
+	// segments are all frozen. Opening a store of a lower level upgrades
+	// it in place; a binary of a lower level refuses a level-3 store,
+	// whose young segments' bodies it would take for garbage.
 	schemaLevel = 3
 )
 
@@ -85,6 +86,7 @@ func changePrefix(id store.ID) []byte  { return key(tChange, id[:]) }
 func blobKey(id store.ID) []byte       { return key(tBlob, id[:]) }
 func chunkPrefix(id store.ID) []byte   { return key(tChunk, id[:]) }
 func pendingKey(id store.ID) []byte    { return key(tPending, id[:]) }
+func loggedPrefix(seg uint32) []byte   { return binary.BigEndian.AppendUint32([]byte{tLogged}, seg) }
 func usageKey(u string) []byte         { return key(tUsage, []byte(u)) }
 func validityKey(u string) []byte      { return key(tValidity, []byte(u)) }
 
@@ -95,6 +97,11 @@ func messageKey(id store.ID, uid uint32) []byte {
 func changeKey(id store.ID, modseq uint64, uid uint32) []byte {
 	k := binary.BigEndian.AppendUint64(key(tChange, id[:]), modseq)
 	return binary.BigEndian.AppendUint32(k, uid)
+}
+
+func loggedKey(seg uint32, id store.ID) []byte {
+	k := binary.BigEndian.AppendUint32(append(make([]byte, 0, 1+4+len(id)), tLogged), seg)
+	return append(k, id[:]...)
 }
 
 func chunkKey(id store.ID, n uint32) []byte {

@@ -80,6 +80,10 @@ type Options struct {
 	// LogSegmentBytes is the size of one segment of the body log (default
 	// 64 MiB); tests lower it to exercise rotation and cleaning.
 	LogSegmentBytes int64
+	// LogIndexBlobs bounds the blobs the log index keeps in memory
+	// (default 2 Mi, about 80 MB at 38 bytes each): past it, the oldest
+	// sealed segments' indexes move into Pebble (bodylog.go, "Space").
+	LogIndexBlobs int
 	// ExpungeWindow is how many MODSEQs of expunges a mailbox's change log
 	// keeps at least (default 1024): older ones are forgotten (see
 	// pruneExpunges), so the log follows a mailbox's size and recent
@@ -168,6 +172,9 @@ func Open(dir string, opts Options) (*Engine, error) {
 	}
 	if opts.LogSegmentBytes == 0 {
 		opts.LogSegmentBytes = defaultSegmentBytes
+	}
+	if opts.LogIndexBlobs <= 0 {
+		opts.LogIndexBlobs = logIndexBlobs
 	}
 	switch {
 	case opts.ListCacheBytes == 0:
@@ -332,13 +339,9 @@ func (e *Engine) checkVersion() error {
 	case len(v) == 1 && v[0] == schemaLevel:
 		return nil
 	case errors.Is(err, store.ErrNotFound), len(v) == 1 && (v[0] == 1 || v[0] == 2):
-		// A new store, or level 1, whose chunk-stored bodies this level
-		// still reads, or level 2, whose log index countLive no longer
-		// needs.
+		// A new store; or level 1, whose chunk-stored bodies this level
+		// still reads; or level 2, whose segments are all frozen.
 		return e.runNow(func(t *txn) error {
-			if len(v) == 1 && v[0] == 2 {
-				t.deletePrefix([]byte{tLogged})
-			}
 			t.set([]byte{tVersion}, []byte{schemaLevel})
 			return nil
 		})

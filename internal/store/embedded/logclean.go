@@ -3,6 +3,7 @@ package embedded
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -18,13 +19,41 @@ import (
 // answers the deliveries it holds, so a large one shows in their latency.
 const moveBatchBytes = 512 << 10
 
-// countLive finds every segment's blobs and live bytes from the blob
-// records; at open, before the committer starts.
+// countLive counts every segment's live bytes from the blob records, finds
+// the frozen segments (those with log index entries in Pebble) and
+// rebuilds the others' in-memory index; at open, before the committer
+// starts.
 func (e *Engine) countLive() error {
 	if err := e.checkpoint("open"); err != nil {
 		return err
 	}
-	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: []byte{tBlob}, UpperBound: []byte{tBlob + 1}})
+	frozen := map[uint32]bool{}
+	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: []byte{tLogged}, UpperBound: []byte{tLogged + 1}})
+	if err != nil {
+		return err
+	}
+	for ok := it.First(); ok; {
+		k := it.Key()
+		if len(k) != 1+4+16 {
+			it.Close()
+			return fmt.Errorf("embedded: log index entry %x: %w", k, errCorrupt)
+		}
+		seg := binary.BigEndian.Uint32(k[1:5])
+		frozen[seg] = true
+		ok = it.SeekGE(loggedPrefix(seg + 1))
+	}
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return err
+	}
+	l := e.blog
+	l.mu.Lock()
+	for id := range frozen {
+		if s := l.segs[id]; s != nil {
+			s.frozen = true
+		}
+	}
+	l.mu.Unlock()
+	it, err = e.db.NewIter(&pebble.IterOptions{LowerBound: []byte{tBlob}, UpperBound: []byte{tBlob + 1}})
 	if err != nil {
 		return err
 	}
@@ -86,12 +115,31 @@ func (e *Engine) cleanLog(force bool) error {
 	l.cleaning.Lock()
 	defer l.cleaning.Unlock()
 	l.mu.Lock()
-	var sealed []*segment
+	var sealed, young []*segment
+	indexed := 0 // blobs in young segments' indexes
 	for _, s := range l.segs {
+		indexed += len(s.blobs)
 		if s.sealed {
 			sealed = append(sealed, s)
+			if !s.frozen {
+				young = append(young, s)
+			}
 		}
 	}
+	l.mu.Unlock()
+	slices.SortFunc(young, func(a, b *segment) int { return cmp.Compare(a.id, b.id) })
+	for _, s := range young {
+		if indexed <= e.opts.LogIndexBlobs {
+			break
+		}
+		l.mu.Lock()
+		indexed -= len(s.blobs)
+		l.mu.Unlock()
+		if err := e.freeze(s); err != nil {
+			return err
+		}
+	}
+	l.mu.Lock()
 	reclaimable := cleanPlan(l.segs, l.segBytes)
 	waiting := 0
 	for _, s := range reclaimable {
@@ -192,13 +240,72 @@ func cleanPlan(segs map[uint32]*segment, segBytes int64) []*segment {
 	return plan
 }
 
-// dropSegment deletes a sealed, flushed segment if no blob points into it.
-// The blobs it holds decide, not its live bytes.
+// dropSegment deletes a sealed, flushed segment if its log index lists no
+// blob. The index decides, not the live bytes.
 func (e *Engine) dropSegment(s *segment) error {
-	if len(e.blog.liveBlobs(s)) > 0 {
-		return nil
+	ids, err := e.segmentBlobs(s)
+	if err != nil || len(ids) > 0 {
+		return err
 	}
 	return e.blog.remove(s)
+}
+
+// segmentBlobs returns the blobs s's log index lists: those in memory and,
+// if s is frozen, its entries in Pebble, whose deletions (moveLive's among
+// them) may still be in the overlay.
+func (e *Engine) segmentBlobs(s *segment) ([]store.ID, error) {
+	ids, frozen := e.blog.youngBlobs(s)
+	if !frozen {
+		return ids, nil
+	}
+	p := loggedPrefix(s.id)
+	it, _, err := e.spanView(segSpan(s.id), p, prefixEnd(p), nil, false)
+	if err != nil {
+		return nil, err
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		var id store.ID
+		copy(id[:], it.key[len(p):])
+		ids = append(ids, id)
+	}
+	return ids, errors.Join(it.Error(), it.Close())
+}
+
+// freeze moves the log index of sealed segment s from memory into Pebble:
+// one transaction writes an entry for each blob still in s, and from then
+// on the transaction that drops or moves such a blob deletes its entry
+// (txn.dropBlob, moveLive). Blobs dropped or moved by the group's earlier
+// transactions, whose changes have not yet reached s's in-memory index,
+// are read as they now are (txn.blob) and left out.
+func (e *Engine) freeze(s *segment) error {
+	return e.update(context.Background(), func(t *txn) error {
+		ids, frozen := e.blog.youngBlobs(s)
+		if frozen {
+			return nil
+		}
+		for _, id := range ids {
+			r, err := t.blob(id)
+			if errors.Is(err, store.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if r.Seg == s.id {
+				t.insert(loggedKey(s.id, id), binary.AppendVarint(nil, r.Size))
+			}
+		}
+		// The group's later transactions must delete the entries
+		// written here (freezing); the in-memory index goes only once
+		// they are durable (addLive), so that a group that fails
+		// leaves it whole.
+		l := e.blog
+		l.mu.Lock()
+		s.freezing = true
+		l.mu.Unlock()
+		t.deltas = append(t.deltas, segDelta{seg: s.id, freeze: true})
+		return nil
+	})
 }
 
 // moveLive copies the bodies that still live in segment s into the current
@@ -209,7 +316,10 @@ func (e *Engine) moveLive(s *segment) error {
 		off  int64
 		body []byte
 	}
-	ids := e.blog.liveBlobs(s)
+	ids, err := e.segmentBlobs(s)
+	if err != nil {
+		return err
+	}
 	var batch []live
 	var bytes int64
 	// arena holds the batch's bodies back to back. The committer copies
@@ -237,6 +347,9 @@ func (e *Engine) moveLive(s *segment) error {
 					continue
 				}
 				t.deltas = append(t.deltas, segDelta{seg: s.id, bytes: r.Size, blob: m.id})
+				if t.e.blog.isFrozen(s.id) {
+					t.del(loggedKey(s.id, m.id))
+				}
 				r.Seg, r.Off = t.e.blog.addBody(m.body)
 				t.set(blobKey(m.id), encodeBlob(r))
 				t.deltas = append(t.deltas, segDelta{seg: r.Seg, bytes: r.Size, blob: m.id, add: true})

@@ -52,9 +52,10 @@ func powerLoss(t *testing.T, unsyncedPercent int, seed int64, checkpointEvery ti
 	// A 1 MiB memtable and 128 KiB log segments make memtables flush and
 	// the log rotate many times during the run, and the writers expunge
 	// two messages in three, so the cleaner deletes segments and copies
-	// live bodies forward while the crash may strike: acknowledged data
-	// must survive all of those transitions too.
-	e, err := Open("/quill", Options{FS: fs, MemTableBytes: 1 << 20, LogSegmentBytes: 128 << 10, CheckpointInterval: checkpointEvery})
+	// live bodies forward while the crash may strike; a log index of 64
+	// blobs in memory freezes segments as well: acknowledged data must
+	// survive all of those transitions too.
+	e, err := Open("/quill", Options{FS: fs, MemTableBytes: 1 << 20, LogSegmentBytes: 128 << 10, CheckpointInterval: checkpointEvery, LogIndexBlobs: 64})
 	if err != nil {
 		t.Fatal(err)
 	}

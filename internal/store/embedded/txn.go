@@ -387,6 +387,9 @@ func (t *txn) putLogBlob(id store.ID, body []byte, refs int64) {
 func (t *txn) dropBlob(id store.ID, r blobRecord) {
 	t.del(blobKey(id))
 	if r.Seg != 0 {
+		if t.e.blog.isFrozen(r.Seg) {
+			t.del(loggedKey(r.Seg, id))
+		}
 		t.deltas = append(t.deltas, segDelta{seg: r.Seg, bytes: r.Size, blob: id})
 		return
 	}
