@@ -302,10 +302,16 @@ func (e *Engine) checkLogIndex(ctx context.Context, report func(string, ...any))
 				live[d.seg] -= d.bytes
 			}
 		}
-		err := t.scan([]byte{tLogged}, func(k, _ []byte) error {
+		sizes := map[store.ID]int64{} // from the entries in Pebble
+		err := t.scan([]byte{tLogged}, func(k, v []byte) error {
 			seg := binary.BigEndian.Uint32(k[1:5])
 			var id store.ID
 			copy(id[:], k[5:])
+			size, n := binary.Varint(v)
+			if n <= 0 {
+				found = append(found, fmt.Sprintf("log index entry %x: undecodable", k))
+			}
+			sizes[id] = size
 			if !frozen[seg] {
 				found = append(found, fmt.Sprintf("log index entry in Pebble for blob %s in young log segment %d", id, seg))
 			}
@@ -328,6 +334,9 @@ func (e *Engine) checkLogIndex(ctx context.Context, report func(string, ...any))
 			}
 			if seg, ok := in[id]; !ok || seg != r.Seg {
 				found = append(found, fmt.Sprintf("blob %s: in log segment %d, which does not list it", id, r.Seg))
+			}
+			if size, ok := sizes[id]; ok && size != r.Size {
+				found = append(found, fmt.Sprintf("blob %s: log index entry says %d bytes, record %d", id, size, r.Size))
 			}
 			delete(in, id)
 			sums[r.Seg] += r.Size
