@@ -19,8 +19,9 @@ import (
 // Pebble. It folds the group's writes into an in-memory overlay, and a
 // checkpoint applies the overlay's net effect to Pebble every few seconds.
 // A record written and deleted between two checkpoints (the message,
-// change and blob records of mail delivered and retrieved in that time) never reaches the memtable, and a record rewritten many
-// times (a busy mailbox's or user's counters) reaches it once.
+// change and blob records of mail delivered and retrieved in that time)
+// never reaches the memtable, and a record rewritten many times (a busy
+// mailbox's or user's counters) reaches it once.
 //
 // Durability does not move: a group is acknowledged once its log record is
 // synced (commitGroup), and the log record holds the group's whole batch.
