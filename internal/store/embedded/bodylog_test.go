@@ -532,9 +532,10 @@ func TestUpgradeFromLogIndex(t *testing.T) {
 
 // TestLogIndexFreeze: the oldest segments' log indexes move from memory
 // into Pebble once the young ones list more than LogIndexBlobs blobs,
-// holding only the blobs still in them; expunges and the cleaner's moves delete its entries; a reopen finds
-// which segments are frozen; and Check notices an index that misses a blob,
-// in memory or in Pebble, before the cleaner could delete its body.
+// holding only the blobs still in them; expunges and the cleaner's moves
+// delete their entries; a reopen finds which segments are frozen; and
+// Check notices an index that misses a blob, in memory or in Pebble,
+// before the cleaner could delete its body.
 func TestLogIndexFreeze(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()

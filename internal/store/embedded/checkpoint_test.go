@@ -32,8 +32,8 @@ func TestConformanceOverlay(t *testing.T) {
 }
 
 // A message delivered and expunged between two checkpoints never reaches
-// Pebble: its message, change and blob records cancel in the overlay, and the checkpoint applies only the counters and the expunge's
-// change entry.
+// Pebble: its message, change and blob records cancel in the overlay, and
+// the checkpoint applies only the counters and the expunge's change entry.
 func TestCheckpointCancelsShortLived(t *testing.T) {
 	ctx := context.Background()
 	e, err := Open(t.TempDir(), Options{CheckpointInterval: time.Hour})
