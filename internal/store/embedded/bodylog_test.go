@@ -452,23 +452,37 @@ func TestUpgradeFromChunkStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	bodies[msgs[0].UID] = big
-	if err := e.update(ctx, func(t *txn) error {
-		t.set([]byte{tVersion}, []byte{1})
+	e = reopenUpgraded(t, e, dir, 1, nil)
+	defer e.Close()
+	verifyBodies(t, e, box, bodies)
+}
+
+// reopenUpgraded sets e's schema level to level, with whatever else write
+// puts in the same transaction, closes it and reopens the store, which
+// must come back at this binary's level.
+func reopenUpgraded(t *testing.T, e *Engine, dir string, level byte, write func(*txn) error) *Engine {
+	t.Helper()
+	if err := e.update(context.Background(), func(t *txn) error {
+		if write != nil {
+			if err := write(t); err != nil {
+				return err
+			}
+		}
+		t.set([]byte{tVersion}, []byte{level})
 		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
 	e.Close()
-
-	e, err = Open(dir, Options{})
+	e, err := Open(dir, Options{})
 	if err != nil {
-		t.Fatalf("opening a level-1 store: %v", err)
+		t.Fatalf("opening a level-%d store: %v", level, err)
 	}
-	defer e.Close()
 	if v, err := e.get(e.db, []byte{tVersion}); err != nil || v[0] != schemaLevel {
+		e.Close()
 		t.Fatalf("schema level %v, %v; want %d", v, err, schemaLevel)
 	}
-	verifyBodies(t, e, box, bodies)
+	return e
 }
 
 // TestUpgradeFromLogIndex: a store at schema level 2, which kept a log
@@ -487,7 +501,7 @@ func TestUpgradeFromLogIndex(t *testing.T) {
 	if err != nil || len(msgs) != len(bodies) {
 		t.Fatalf("listed %d messages, %v; want %d", len(msgs), err, len(bodies))
 	}
-	if err := e.update(ctx, func(t *txn) error {
+	e = reopenUpgraded(t, e, dir, 2, func(t *txn) error {
 		for _, m := range msgs {
 			r, err := t.blob(m.Blob)
 			if err != nil {
@@ -495,20 +509,8 @@ func TestUpgradeFromLogIndex(t *testing.T) {
 			}
 			t.set(loggedKey(r.Seg, m.Blob), binary.AppendVarint(nil, r.Size))
 		}
-		t.set([]byte{tVersion}, []byte{2})
 		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	e.Close()
-
-	e, err = Open(dir, Options{})
-	if err != nil {
-		t.Fatalf("opening a level-2 store: %v", err)
-	}
-	if v, err := e.get(e.db, []byte{tVersion}); err != nil || v[0] != schemaLevel {
-		t.Fatalf("schema level %v, %v; want %d", v, err, schemaLevel)
-	}
+	})
 	r, err := e.committedBlob(msgs[0].Blob)
 	if err != nil {
 		t.Fatal(err)
