@@ -121,6 +121,8 @@ type Engine struct {
 	blobs *blobCache
 	// lists is written by the committer only (listCache).
 	lists *listCache
+	// users is GetUser's memo of decoded records (decodedUser).
+	users bounded[string, decodedUser]
 	// txn is the committer's, reused by every group (commitGroup).
 	txn *txn
 	// inboxes is GetMailbox's memory of where users' INBOXes are.
@@ -221,6 +223,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 		fence:    make(map[store.ID]store.Mailbox),
 		hot:      newHotCache(hotCacheEntries),
 		inboxes:  inboxHints{max: hotCacheEntries},
+		users:    newBounded[string, decodedUser](hotCacheEntries),
 		blobs:    newBlobCache(blobCacheEntries),
 		lists:    newListCache(opts.ListCacheBytes),
 		pend:     newOverlay(),

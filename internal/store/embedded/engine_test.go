@@ -609,3 +609,52 @@ func TestInboxHints(t *testing.T) {
 		}
 	}
 }
+
+// GetUser's memo spares decoding a record the hot cache still holds, and
+// never answers for a record that has changed since, even one that changed
+// to bytes of the same length.
+func TestGetUserMemo(t *testing.T) {
+	ctx := context.Background()
+	e := open(t, t.TempDir())
+	defer e.Close()
+	const addr = "a@example.test"
+	userInbox(t, e, addr)
+	update := func(quota int64) {
+		t.Helper()
+		if err := e.UpdateUser(ctx, store.User{Address: addr, PasswordHash: "h", QuotaBytes: quota}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get := func() store.User {
+		t.Helper()
+		u, err := e.GetUser(ctx, addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u
+	}
+	update(10) // UpdateUser's transaction puts the record in the hot cache
+	if u := get(); u.QuotaBytes != 10 {
+		t.Fatalf("quota %d, want 10", u.QuotaBytes)
+	}
+	d, ok := e.users.load(addr)
+	if !ok || d.user.QuotaBytes != 10 {
+		t.Fatalf("memo after GetUser: %+v %v", d, ok)
+	}
+	hit := testing.AllocsPerRun(20, func() { get() })
+	e.users.reset()
+	miss := testing.AllocsPerRun(1, func() { e.users.reset(); get() })
+	if hit >= miss {
+		t.Errorf("GetUser allocates %v times with the memo, %v without", hit, miss)
+	}
+	update(20) // the same length: only the identity tells the values apart
+	if u := get(); u.QuotaBytes != 20 {
+		t.Fatalf("quota after an update %d, want 20", u.QuotaBytes)
+	}
+	if err := e.DeleteUser(ctx, addr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.GetUser(ctx, addr); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("GetUser of a deleted user: %v, want ErrNotFound", err)
+	}
+}

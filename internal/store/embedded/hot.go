@@ -36,7 +36,9 @@ type hotCache struct {
 
 // bounded is the map of both caches: at most max entries, a pseudo-random
 // one evicted for a new key. The committer writes it under mu and reads it
-// without; other goroutines read it under mu.
+// without; other goroutines read it under mu. (GetUser's memo, which the
+// committer never touches, is one too: there every goroutine reads and
+// writes under mu, with load and set.)
 type bounded[K comparable, V any] struct {
 	mu  sync.RWMutex
 	m   map[K]V
@@ -61,7 +63,7 @@ func (c *bounded[K, V]) load(k K) (V, bool) {
 	return v, ok
 }
 
-// set records v at k. Committer only.
+// set records v at k. In the caches, committer only.
 func (c *bounded[K, V]) set(k K, v V) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

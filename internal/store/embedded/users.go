@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -46,7 +47,36 @@ func (e *Engine) GetUser(ctx context.Context, address string) (store.User, error
 	if err != nil {
 		return store.User{}, fmt.Errorf("user %s: %w", address, err)
 	}
-	return decodeUser(v)
+	if d, ok := e.users.load(address); ok && sameValue(d.raw, v) {
+		return d.user, nil
+	}
+	u, err := decodeUser(v)
+	if err == nil {
+		e.users.set(address, decodedUser{raw: v, user: u})
+	}
+	return u, err
+}
+
+// decodedUsers memoizes decodeUser for GetUser, which every RCPT and every
+// login calls, by the identity of the value decoded. A stored value is
+// never modified (hotCache), and a changed record is a new value, so a
+// value with an entry's backing array and length is that entry's value;
+// the entry holds the value, whose memory therefore cannot be reused for
+// another while it is cached. GetUser still reads the current value each
+// time: the memo never decides what a user's record is, it only spares
+// decoding the same bytes again, which needs no invalidation. It is hit
+// when the value comes from the hot cache; a value read from Pebble is a
+// fresh copy and is decoded.
+//
+// Any goroutine sets it (bounded.set locks); the committer never touches it.
+type decodedUser struct {
+	raw  []byte
+	user store.User
+}
+
+// sameValue reports whether a and b are the same stored value.
+func sameValue(a, b []byte) bool {
+	return len(a) == len(b) && len(a) > 0 && unsafe.SliceData(a) == unsafe.SliceData(b)
 }
 
 func (e *Engine) UpdateUser(ctx context.Context, u store.User) error {
