@@ -90,6 +90,13 @@ func loggedPrefix(seg uint32) []byte   { return binary.BigEndian.AppendUint32([]
 func usageKey(u string) []byte         { return key(tUsage, []byte(u)) }
 func validityKey(u string) []byte      { return key(tValidity, []byte(u)) }
 
+// keyIn returns the key of table and s in buf's array when it fits, for a
+// lookup that keeps no reference to it (getCommitted): with buf an array
+// on the caller's stack, building the key allocates nothing.
+func keyIn(buf []byte, table byte, s string) []byte {
+	return append(append(buf[:0], table), s...)
+}
+
 func messageKey(id store.ID, uid uint32) []byte {
 	return binary.BigEndian.AppendUint32(key(tMessage, id[:]), uid)
 }

@@ -1,6 +1,7 @@
 package embedded
 
 import (
+	"bytes"
 	"sync"
 
 	"quill/internal/store"
@@ -149,8 +150,9 @@ func (c *hotCache) put(k string, v []byte) { c.set(k, v) }
 
 // getCommitted returns the committed value at k for a reader outside the
 // committer: from its cache when one holds k, else from the overlay and
-// Pebble (Engine.read). Like
-// get, it returns store.ErrNotFound for a missing key.
+// Pebble (Engine.read). Like get, it returns store.ErrNotFound for a
+// missing key. It keeps no reference to k, so a caller may build k on its
+// stack (keyIn): a hit, the common case, then allocates nothing.
 func (e *Engine) getCommitted(k []byte) ([]byte, error) {
 	if c := e.cacheOf(k); c != nil {
 		if v, ok := c.load(k); ok {
@@ -160,7 +162,7 @@ func (e *Engine) getCommitted(k []byte) ([]byte, error) {
 			return v, nil
 		}
 	}
-	return e.read(k)
+	return e.read(bytes.Clone(k))
 }
 
 // blobCache is the hot cache of blob records, decoded and keyed by blob ID.

@@ -43,7 +43,8 @@ func (e *Engine) CreateUser(ctx context.Context, u store.User) error {
 }
 
 func (e *Engine) GetUser(ctx context.Context, address string) (store.User, error) {
-	v, err := e.getCommitted(userKey(address))
+	var buf [128]byte
+	v, err := e.getCommitted(keyIn(buf[:], tUser, address))
 	if err != nil {
 		return store.User{}, fmt.Errorf("user %s: %w", address, err)
 	}
@@ -212,7 +213,8 @@ func (e *Engine) ListAliases(ctx context.Context) ([][2]string, error) {
 }
 
 func (e *Engine) Resolve(ctx context.Context, address string) (string, error) {
-	if _, err := e.getCommitted(userKey(address)); err == nil {
+	var buf [128]byte
+	if _, err := e.getCommitted(keyIn(buf[:], tUser, address)); err == nil {
 		return address, nil
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return "", err
