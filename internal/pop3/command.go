@@ -63,12 +63,14 @@ func ParseCommand(line []byte) (Command, error) {
 			return Command{}, errBadKeyword
 		}
 	}
-	cmd := Command{Name: strings.ToUpper(string(kw))}
+	cmd := Command{Name: keyword(kw)}
 	if !hasRest {
 		return cmd, nil
 	}
 	cmd.Rest = string(rest)
-	for f := range strings.SplitSeq(cmd.Rest, " ") {
+	for rest := cmd.Rest; rest != ""; {
+		var f string
+		f, rest, _ = strings.Cut(rest, " ")
 		if f == "" {
 			continue
 		}
@@ -78,6 +80,41 @@ func ParseCommand(line []byte) (Command, error) {
 		cmd.Args = append(cmd.Args, f)
 	}
 	return cmd, nil
+}
+
+// keyword returns kw, a valid keyword, upper-cased. The commands this
+// server knows come back as constants: no allocation for the keyword of
+// every command of every session.
+func keyword(kw []byte) string {
+	var b [maxKeyword]byte
+	up := b[:len(kw)]
+	for i, c := range kw {
+		if c >= 'a' && c <= 'z' {
+			c -= 'a' - 'A'
+		}
+		up[i] = c
+	}
+	switch string(up) {
+	case "USER":
+		return "USER"
+	case "PASS":
+		return "PASS"
+	case "STAT":
+		return "STAT"
+	case "RETR":
+		return "RETR"
+	case "DELE":
+		return "DELE"
+	case "QUIT":
+		return "QUIT"
+	case "CAPA":
+		return "CAPA"
+	case "LIST":
+		return "LIST"
+	case "UIDL":
+		return "UIDL"
+	}
+	return string(up)
 }
 
 // parseDecimal parses a non-negative decimal number of at most 18 digits,
