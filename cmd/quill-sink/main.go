@@ -116,9 +116,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	// The durable modes block threads in fdatasync and pread as Quill's
 	// engine does, and gain from quill serve's scheduler setting; the
 	// plain sink, all CPU, is fastest without it (22,600 against 18,300
-	// msg/s under the 16-client mix).
+	// msg/s under the 16-client mix). They also keep an index in memory
+	// and run with quill serve's heap in huge pages; the plain sink's heap
+	// is some 20 MB, and it was no faster with them (15,035-16,864
+	// against 15,878-19,127 msg/s in three alternating pairs of 20 s runs
+	// at 64 clients).
 	if *durable != "" {
 		procs.Raise()
+		_, stopHugePages := procs.CollapseHeap(procs.HugePagesInterval)
+		defer stopHugePages()
 	}
 	stopProfile, err := procs.CPUProfile(*cpuprofile)
 	if err != nil {

@@ -78,6 +78,9 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	if from, to, ok := procs.Raise(); ok {
 		log.Info("scheduler threads raised to twice the CPUs (set GOMAXPROCS to choose)", "from", from, "to", to)
 	}
+	hp, stopHugePages := procs.CollapseHeap(procs.HugePagesInterval)
+	defer stopHugePages()
+	log.Info("heap in huge pages", "active", hp.Active, "reason", hp.Reason)
 
 	srv, err := server.New(cfg, log)
 	if err != nil {
