@@ -115,8 +115,9 @@ const hugePage = 2 << 20
 // anonMappings returns [start, end) of every private, writable,
 // anonymous mapping in a /proc/PID/maps file of at least one huge page:
 // the Go heap's arenas, the runtime's structures, the binary's .bss, the
-// C heap ("[heap]") if there is one; not thread stacks or the kernel's
-// special mappings.
+// C heap ("[heap]") if there is one; not the main thread's stack or the
+// kernel's special mappings. Where the kernel names anonymous memory, the
+// Go runtime (1.25 on) names its own "[anon: Go: heap]" and the like.
 func anonMappings(path string) ([][2]uintptr, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -127,16 +128,19 @@ func anonMappings(path string) ([][2]uintptr, error) {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		// address perms offset dev inode [pathname]
-		fields := bytes.Fields(sc.Bytes())
-		if len(fields) < 5 || len(fields) > 6 {
+		fields := bytes.SplitN(sc.Bytes(), []byte(" "), 6)
+		if len(fields) < 5 {
 			continue
 		}
 		perms := fields[1]
 		if len(perms) != 4 || perms[0] != 'r' || perms[1] != 'w' || perms[3] != 'p' || string(fields[4]) != "0" {
 			continue
 		}
-		if len(fields) == 6 && string(fields[5]) != "[heap]" {
-			continue
+		if len(fields) == 6 {
+			name := bytes.TrimSpace(fields[5])
+			if len(name) > 0 && string(name) != "[heap]" && !bytes.HasPrefix(name, []byte("[anon:")) {
+				continue
+			}
 		}
 		lo, hi, ok := bytes.Cut(fields[0], []byte("-"))
 		if !ok {

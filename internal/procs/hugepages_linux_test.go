@@ -39,7 +39,9 @@ func TestAnonMappings(t *testing.T) {
 01000000-01100000 rw-p 00000000 00:00 0
 01400000-01800000 rw-p 00000000 00:00 0                                  [heap]
 c000000000-c004000000 rw-p 00000000 00:00 0
-c004000000-c008000000 ---p 00000000 00:00 0
+c004000000-c008000000 rw-p 00000000 00:00 0                              [anon: Go: heap]
+c008000000-c00c000000 ---p 00000000 00:00 0
+7e0000000000-7e0000400000 rw-p 00000000 00:00 0                          [anon_shmem: x]
 7f0000000000-7f0000400000 rw-s 00000000 00:01 77 /dev/zero (deleted)
 7f0000400000-7f0000800000 r--p 00000000 00:00 0
 7ffd00000000-7ffd00400000 rw-p 00000000 00:00 0                          [stack]
@@ -56,7 +58,7 @@ garbage line
 	}
 	// Not the binary's file-backed data, a mapping under one huge page,
 	// a shared or unwritable one, or a thread stack.
-	want := [][2]uintptr{{0x00c00000, 0x01000000}, {0x01400000, 0x01800000}, {0xc000000000, 0xc004000000}}
+	want := [][2]uintptr{{0x00c00000, 0x01000000}, {0x01400000, 0x01800000}, {0xc000000000, 0xc004000000}, {0xc004000000, 0xc008000000}}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("anonMappings = %x, want %x", got, want)
 	}
