@@ -151,18 +151,28 @@ func (c *hotCache) put(k string, v []byte) { c.set(k, v) }
 // getCommitted returns the committed value at k for a reader outside the
 // committer: from its cache when one holds k, else from the overlay and
 // Pebble (Engine.read). Like get, it returns store.ErrNotFound for a
-// missing key. It keeps no reference to k, so a caller may build k on its
-// stack (keyIn): a hit, the common case, then allocates nothing.
+// missing key.
 func (e *Engine) getCommitted(k []byte) ([]byte, error) {
+	v, _, err := e.lookupCommitted(k)
+	return v, err
+}
+
+// lookupCommitted is getCommitted, also reporting whether the value came
+// from the hot cache: such a value is an allocation of its own, where one
+// from the overlay lies in a chunk of its arena, which anything holding it
+// keeps alive. It keeps no reference to k, so a caller may build k on its
+// stack (keyIn): a hit, the common case, then allocates nothing.
+func (e *Engine) lookupCommitted(k []byte) (v []byte, cached bool, err error) {
 	if c := e.cacheOf(k); c != nil {
 		if v, ok := c.load(k); ok {
 			if v == nil {
-				return nil, store.ErrNotFound
+				return nil, true, store.ErrNotFound
 			}
-			return v, nil
+			return v, true, nil
 		}
 	}
-	return e.read(bytes.Clone(k))
+	v, err = e.read(bytes.Clone(k))
+	return v, false, err
 }
 
 // blobCache is the hot cache of blob records, decoded and keyed by blob ID.

@@ -44,9 +44,12 @@ func (e *Engine) CreateUser(ctx context.Context, u store.User) error {
 
 func (e *Engine) GetUser(ctx context.Context, address string) (store.User, error) {
 	var buf [128]byte
-	v, err := e.getCommitted(keyIn(buf[:], tUser, address))
+	v, cached, err := e.lookupCommitted(keyIn(buf[:], tUser, address))
 	if err != nil {
 		return store.User{}, fmt.Errorf("user %s: %w", address, err)
+	}
+	if !cached {
+		return decodeUser(v)
 	}
 	if d, ok := e.users.load(address); ok && sameValue(d.raw, v) {
 		return d.user, nil
@@ -65,9 +68,9 @@ func (e *Engine) GetUser(ctx context.Context, address string) (store.User, error
 // the entry holds the value, whose memory therefore cannot be reused for
 // another while it is cached. GetUser still reads the current value each
 // time: the memo never decides what a user's record is, it only spares
-// decoding the same bytes again, which needs no invalidation. It is hit
-// when the value comes from the hot cache; a value read from Pebble is a
-// fresh copy and is decoded.
+// decoding the same bytes again, which needs no invalidation. It holds
+// only values from the hot cache: one from Pebble is a fresh copy each
+// time, and one from the overlay would keep a chunk of its arena alive.
 //
 // Any goroutine sets it (bounded.set locks); the committer never touches it.
 type decodedUser struct {
