@@ -41,7 +41,28 @@ var (
 	// below the mailbox's ExpungeFloor, so expunges after it may be
 	// missing; the caller must compare message lists instead.
 	ErrExpungesForgotten = errors.New("store: expunges forgotten")
+	// ErrUnavailable: the store cannot take the write now (its disk is
+	// full) and expects to later; the caller answers with a temporary
+	// failure. Nothing of the refused write was kept.
+	ErrUnavailable = errors.New("store: temporarily unavailable")
 )
+
+// Health is whether an engine can write, as readiness and health checks
+// report it.
+type Health struct {
+	// Writable: writes are accepted.
+	Writable bool
+	// Failed: the engine stopped writing for good; only reopening it (a
+	// restart) recovers. Implies !Writable.
+	Failed bool
+	// Reason says why the engine is not writable; empty when it is.
+	Reason string
+}
+
+// HealthReporter is implemented by engines that know their health.
+type HealthReporter interface {
+	Health() Health
+}
 
 // ID identifies mailboxes and blobs: 128 random bits, unique without
 // coordination between nodes.

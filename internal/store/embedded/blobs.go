@@ -105,6 +105,7 @@ func (e *Engine) PutBlob(ctx context.Context, r io.Reader, maxSize int64) (store
 				t.set(pendingKey(id), created)
 			}
 			for i, c := range cs {
+				t.stored = true
 				t.set(chunkKey(id, first+uint32(i)), c)
 			}
 			if eof {

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -147,11 +148,18 @@ type bodyLog struct {
 	removed int64 // segments deleted since open
 	moved   int64 // body bytes copied forward since open
 
-	cur    *segment
-	w      vfs.File
-	off    int64  // where the next record starts in cur
-	buf    []byte // the record being built
-	failed error  // a write or sync failed: the log's tail is unknown
+	cur *segment
+	w   vfs.File
+	off int64  // where the next record starts in cur
+	buf []byte // the record being built
+	// failed: a write or sync failed, so the log's tail is unknown and
+	// no record may be written until recoverTail finds it again; only for
+	// a lack of space (noSpace), which leaves the records before off as
+	// durable as they were. Written by the committer under mu, so that
+	// failure can read them from other goroutines.
+	failed  error
+	noSpace bool
+	resumed int // times recoverTail resumed the log, for tests
 	// wake tells the cleaner that a segment was sealed; cleaning
 	// serializes its passes, and Check with them.
 	wake     chan struct{}
@@ -499,8 +507,7 @@ func (l *bodyLog) begin() (logPos, error) {
 	}
 	if l.off >= l.segBytes {
 		if err := l.rotate(l.cur.id+1, l.off); err != nil {
-			l.failed = err
-			return logPos{}, err
+			return logPos{}, l.fail(err)
 		}
 	}
 	if cap(l.buf) > 16<<20 {
@@ -524,17 +531,20 @@ func (l *bodyLog) truncate(mark int) { l.buf = l.buf[:mark] }
 
 // commit completes the record with the group's batch, writes it and syncs
 // it. When it returns nil the record is durable. A failure leaves the
-// log's tail unknown, so every later commit fails too until the store is
-// reopened (and recovery finds the tail). Committer only.
+// log's tail unknown, so every later commit fails too until recoverTail
+// (for a lack of space) or a reopen (for any other error) finds the tail.
+// Committer only.
 func (l *bodyLog) commit(repr []byte) error {
 	bodies := len(l.buf) - recHeaderLen
 	l.buf = append(l.buf, repr...)
 	binary.LittleEndian.PutUint32(l.buf[0:4], uint32(len(l.buf)-8))
 	binary.LittleEndian.PutUint32(l.buf[8:12], uint32(bodies))
 	binary.LittleEndian.PutUint32(l.buf[4:8], crc32.Update(l.cur.seed, crcTable, l.buf[8:]))
-	if err := errors.Join(write(l.w, l.buf), l.w.SyncData()); err != nil {
-		l.failed = fmt.Errorf("embedded: writing log segment %s: %w", segName(l.cur.id), err)
-		return l.failed
+	if err := write(l.w, l.buf); err != nil {
+		return l.fail(fmt.Errorf("embedded: writing log segment %s: %w", segName(l.cur.id), err))
+	}
+	if err := l.w.SyncData(); err != nil {
+		return l.fail(fmt.Errorf("embedded: syncing log segment %s: %w", segName(l.cur.id), err))
 	}
 	l.off += int64(len(l.buf))
 	l.mu.Lock()
@@ -542,6 +552,60 @@ func (l *bodyLog) commit(repr []byte) error {
 	l.written += int64(len(l.buf))
 	l.mu.Unlock()
 	return nil
+}
+
+// fail records that the log's tail is unknown after err, and returns err.
+// Committer only.
+func (l *bodyLog) fail(err error) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.failed == nil || l.noSpace {
+		l.failed, l.noSpace = err, isNoSpace(err)
+	}
+	return err
+}
+
+// failure returns the error that stopped the log, if any, and whether
+// recoverTail may resume it. Any goroutine.
+func (l *bodyLog) failure() (err error, noSpace bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.failed, l.noSpace
+}
+
+// recoverTail resumes writing after a failure for lack of space, as Open's
+// recovery would: the records before off are durable (each was synced
+// before it was acknowledged), and what the failed write left after off,
+// whole or torn, was never acknowledged. A new segment, whose synced header
+// records off as the valid end of the one before, makes that end durable:
+// replay stops the old segment there (records must fill it exactly) and
+// never applies what lies after it. Until the header is synced nothing is
+// written, so a crash in between recovers as one inside a rotation (the
+// torn tail ends the segment). A write or sync that failed for lack of
+// space (ENOSPC, EDQUOT; fdatasync reports them when delayed allocation
+// fails) touched only bytes after off, which are abandoned, so their
+// pages' fate does not matter. Any other failure, above all EIO (the
+// device's state is unknown: after a failed fsync the kernel may have
+// dropped the dirty pages), stays final until the store is reopened.
+// Committer only.
+func (l *bodyLog) recoverTail() error {
+	err, noSpace := l.failure()
+	if err == nil || !noSpace {
+		return err
+	}
+	if err := l.rotate(l.cur.id+1, l.off); err != nil {
+		return l.fail(err)
+	}
+	l.mu.Lock()
+	l.failed, l.noSpace = nil, false
+	l.resumed++
+	l.mu.Unlock()
+	return nil
+}
+
+// isNoSpace reports whether err is the file system's lack of space or quota.
+func isNoSpace(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 }
 
 // segDelta is a blob's body of size bytes arriving in a segment (add) or

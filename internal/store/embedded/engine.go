@@ -99,6 +99,10 @@ type Options struct {
 	// CheckpointBytes starts a checkpoint early once the writes waiting
 	// hold that many bytes (default 64 MiB).
 	CheckpointBytes int
+	// ReserveBytes is the space kept allocated for a full disk (default
+	// 128 MiB, negative for none): released when a write meets ENOSPC, it
+	// leaves room for deletions and Pebble's flushes (space.go).
+	ReserveBytes int64
 }
 
 // Engine is the embedded store. It implements store.Store.
@@ -130,6 +134,9 @@ type Engine struct {
 	// pend holds durable writes not yet applied to Pebble (checkpoint.go).
 	pend     *overlay
 	ckptWake chan struct{}
+
+	// space is the disk-full state and the reserve (space.go).
+	space *space
 
 	fenceMu sync.RWMutex
 	fence   map[store.ID]store.Mailbox // mailboxes in the group being synced, pre-group state
@@ -175,6 +182,12 @@ func Open(dir string, opts Options) (*Engine, error) {
 	if opts.LogSegmentBytes == 0 {
 		opts.LogSegmentBytes = defaultSegmentBytes
 	}
+	switch {
+	case opts.ReserveBytes == 0:
+		opts.ReserveBytes = defaultReserveBytes
+	case opts.ReserveBytes < 0:
+		opts.ReserveBytes = 0
+	}
 	if opts.LogIndexBlobs <= 0 {
 		opts.LogIndexBlobs = logIndexBlobs
 	}
@@ -187,6 +200,10 @@ func Open(dir string, opts Options) (*Engine, error) {
 	if err := opts.FS.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
+	// Pebble and the log write through fs, whose first ENOSPC releases
+	// the reserve (space.go).
+	sp := newSpace(opts.FS, dir, opts.ReserveBytes, opts.Logger)
+	fs := vfs.OnDiskFull(opts.FS, sp.onDiskFull)
 	cache := pebble.NewCache(opts.CacheBytes)
 	defer cache.Unref()
 	stalls := newStallMeter()
@@ -195,7 +212,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 		MemTableSize:  opts.MemTableBytes,
 		Logger:        pebbleLogger{opts.Logger},
 		EventListener: eventListener(opts.Logger, stalls),
-		FS:            opts.FS,
+		FS:            fs,
 		// The body log is the write-ahead log (bodylog.go).
 		DisableWAL: true,
 	}
@@ -208,7 +225,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
 	}
-	blog, err := openLog(opts.FS, filepath.Join(dir, "log"), opts.LogSegmentBytes)
+	blog, err := openLog(fs, filepath.Join(dir, "log"), opts.LogSegmentBytes)
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
@@ -227,6 +244,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 		blobs:    newBlobCache(blobCacheEntries),
 		lists:    newListCache(opts.ListCacheBytes),
 		pend:     newOverlay(),
+		space:    sp,
 		ckptWake: make(chan struct{}, 1),
 		stalls:   stalls,
 		checkpointsBy: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -261,9 +279,13 @@ func Open(dir string, opts Options) (*Engine, error) {
 		db.Close()
 		return nil, err
 	}
+	// A store opened on a full disk serves reads and deletions.
+	if err := sp.makeReserve(); err != nil {
+		sp.enter(err.Error(), false)
+	}
 	if opts.Registerer != nil {
 		for _, c := range []prometheus.Collector{e.commitLatency, e.groupSize,
-			e.stalls.count, e.stalls.seconds, e.checkpointsBy, e.ckptSeconds, pebbleCollector{e}} {
+			e.stalls.count, e.stalls.seconds, e.checkpointsBy, e.ckptSeconds, pebbleCollector{e}, e.writableGauge()} {
 			if err := opts.Registerer.Register(c); err != nil {
 				blog.close()
 				db.Close()
@@ -365,8 +387,12 @@ func (e *Engine) Close() error {
 	e.closeMu.Unlock()
 	e.wg.Wait()
 	// A checkpoint and a flush make the next open replay nothing; without
-	// them the log still holds every acknowledged change.
-	if err := e.checkpoint("close"); err != nil {
+	// them the log still holds every acknowledged change. On a full disk
+	// Pebble retries a failed flush until space is back, so Close skips
+	// them rather than wait.
+	if e.space.full.Load() {
+		e.log.Warn("closing the store on a full disk: the next open replays the log since the last checkpoint")
+	} else if err := e.checkpoint("close"); err != nil {
 		e.log.Warn("checkpointing the store at close", "err", err)
 	} else if err := e.db.Flush(); err != nil {
 		e.log.Warn("flushing the store at close", "err", err)
@@ -424,9 +450,19 @@ func (e *Engine) commitLoop() {
 	defer e.wg.Done()
 	group := make([]*request, 0, e.opts.MaxGroup)
 	for {
+		// While the disk is full the committer also wakes to probe
+		// whether space is back (space.go).
+		var probe <-chan time.Time
+		var timer *time.Timer
+		if d, full := e.space.due(time.Now()); full {
+			timer = time.NewTimer(max(d, 0))
+			probe = timer.C
+		}
 		var first *request
 		select {
 		case first = <-e.reqs:
+		case <-probe:
+		case <-e.space.wake:
 		case <-e.quit:
 			// Drain what was queued before Close so no caller hangs.
 			for {
@@ -437,6 +473,13 @@ func (e *Engine) commitLoop() {
 					return
 				}
 			}
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		e.probeSpace()
+		if first == nil {
+			continue
 		}
 		group = append(group[:0], first)
 	fill:
@@ -463,6 +506,7 @@ func (e *Engine) commitGroup(group []*request) {
 	t := e.txn
 	t.reset(b)
 	pos, err := e.blog.begin()
+	full := e.space.full.Load()
 	ok := 0
 	for _, r := range group {
 		if err != nil {
@@ -470,6 +514,9 @@ func (e *Engine) commitGroup(group []*request) {
 		}
 		t.begin()
 		r.err = safeRun(r.fn, t)
+		if r.err == nil && full && t.stored {
+			r.err = errDiskFull
+		}
 		if r.err != nil {
 			t.rollback()
 			continue
@@ -498,8 +545,9 @@ func (e *Engine) commitGroup(group []*request) {
 			// (txn.apply), and the group follows it into Pebble.
 			if err = b.Commit(pebble.NoSync); err != nil {
 				// The log holds a change Pebble does not: only a
-				// recovery can reconcile them.
-				e.blog.failed = err
+				// recovery can reconcile them (%v: never resumed as a
+				// lack of space).
+				e.blog.fail(fmt.Errorf("embedded: applying a logged group: %v", err))
 			}
 		default:
 			e.pend.merge(append(t.written, op{key: []byte{tLogPos}, value: lp}))
@@ -535,7 +583,14 @@ func (e *Engine) commitGroup(group []*request) {
 			}
 		}
 	}
-	if err != nil {
+	switch {
+	case err == nil:
+	case isNoSpace(err):
+		// Logged once, by enter; the group is answered with a
+		// temporary failure, and nothing of it was acknowledged.
+		e.space.enter(err.Error(), false)
+		err = fmt.Errorf("embedded: commit: %w: %w", store.ErrUnavailable, err)
+	default:
 		e.log.Error("store commit failed", "err", err, "group", len(group))
 		err = fmt.Errorf("embedded: commit: %w", err)
 	}

@@ -156,7 +156,7 @@ func (e *Engine) cleanLog(force bool) error {
 		if err := e.checkpoint("clean"); err != nil {
 			return err
 		}
-		if err := e.db.Flush(); err != nil {
+		if err := e.flush(); err != nil {
 			return err
 		}
 		l.mu.Lock()
@@ -173,6 +173,9 @@ func (e *Engine) cleanLog(force bool) error {
 			continue
 		}
 		if live > 0 {
+			if e.space.full.Load() {
+				continue // moving bodies needs space (space.go)
+			}
 			if err := e.moveLive(s); err != nil {
 				return err
 			}

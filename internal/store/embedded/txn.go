@@ -49,6 +49,9 @@ type txn struct {
 	// deltas are the changes in the log segments' live bytes made by the
 	// group's successful transactions, applied once the group commits.
 	deltas []segDelta
+	// stored: the current transaction stores a body (in the log or in
+	// chunks), which a full disk refuses (space.go).
+	stored bool
 	// bodyMark and deltaMark are where the current transaction's bodies
 	// and deltas begin, for rollback.
 	bodyMark, deltaMark int
@@ -84,6 +87,7 @@ func (t *txn) begin() {
 	t.ops = t.ops[:0]
 	clear(t.own)
 	t.added = t.added[:0]
+	t.stored = false
 	t.bodyMark = t.e.blog.mark()
 	t.deltaMark = len(t.deltas)
 }
@@ -374,6 +378,7 @@ func (t *txn) addUsage(user string, bytes, msgs int64) error {
 // record of the transaction's group: the body and its record become durable
 // together or not at all.
 func (t *txn) putLogBlob(id store.ID, body []byte, refs int64) {
+	t.stored = true
 	seg, off := t.e.blog.addBody(body)
 	size := int64(len(body))
 	t.insert(blobKey(id), encodeBlob(blobRecord{Size: size, Refs: refs, Seg: seg, Off: off}))
