@@ -6,6 +6,13 @@
 // The API (everything under /api/) and the Go profiler (/debug/pprof/)
 // require the bearer token stored in the data directory; health, readiness
 // and metrics do not.
+//
+// Health and readiness answer different questions. /readyz is 503 whenever
+// the node should not be sent traffic: while starting or draining, and
+// while its store cannot write (a full disk), with the reason. /healthz is
+// 503 only when a restart is the remedy (the store failed for good); a full
+// disk keeps it 200, saying why the node is degraded, because restarting
+// would not free space and would drop the sessions still reading mail.
 package admin
 
 import (
@@ -44,7 +51,9 @@ type Options struct {
 	Gatherer  prometheus.Gatherer
 	// Ready reports whether the node serves traffic (false while starting
 	// and draining).
-	Ready  func() bool
+	Ready func() bool
+	// Store reports the store's health (nil: always writable).
+	Store  func() store.Health
 	Token  string
 	Logger *slog.Logger
 }
@@ -80,12 +89,29 @@ func NewHandler(o Options) http.Handler {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	mux := http.NewServeMux()
+	health := func() store.Health {
+		if o.Store == nil {
+			return store.Health{Writable: true}
+		}
+		return o.Store()
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		w.Write([]byte("ok\n"))
+		switch h := health(); {
+		case h.Failed:
+			http.Error(w, "unhealthy: store: "+h.Reason, http.StatusServiceUnavailable)
+		case !h.Writable:
+			w.Write([]byte("ok, degraded: store: " + h.Reason + "\n"))
+		default:
+			w.Write([]byte("ok\n"))
+		}
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if o.Ready != nil && !o.Ready() {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		if h := health(); !h.Writable {
+			http.Error(w, "not ready: store: "+h.Reason, http.StatusServiceUnavailable)
 			return
 		}
 		w.Write([]byte("ready\n"))

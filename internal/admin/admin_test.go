@@ -127,3 +127,34 @@ func TestUserAndAliasAPI(t *testing.T) {
 		t.Fatalf("delete twice: %v", err)
 	}
 }
+
+// TestHealthReportsStore: a store that cannot write makes /readyz 503 with
+// the reason; /healthz stays 200 (degraded) for a full disk, which a
+// restart would not cure, and is 503 only for a failed store. The real
+// engine's states are exercised end to end by e2e TestDiskFull.
+func TestHealthReportsStore(t *testing.T) {
+	for _, tc := range []struct {
+		name                  string
+		h                     store.Health
+		health, ready         int
+		healthBody, readyBody string
+	}{
+		{"writable", store.Health{Writable: true}, 200, 200, "ok\n", "ready\n"},
+		{"full", store.Health{Reason: "disk full since X"}, 200, 503, "ok, degraded: store: disk full since X\n", "not ready: store: disk full since X\n"},
+		{"failed", store.Health{Failed: true, Reason: "body log failed"}, 503, 503, "unhealthy: store: body log failed\n", "not ready: store: body log failed\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(NewHandler(Options{
+				Ready: func() bool { return true },
+				Store: func() store.Health { return tc.h },
+			}))
+			defer srv.Close()
+			if code, body := get(t, srv.URL+"/healthz"); code != tc.health || body != tc.healthBody {
+				t.Errorf("/healthz = %d %q, want %d %q", code, body, tc.health, tc.healthBody)
+			}
+			if code, body := get(t, srv.URL+"/readyz"); code != tc.ready || body != tc.readyBody {
+				t.Errorf("/readyz = %d %q, want %d %q", code, body, tc.ready, tc.readyBody)
+			}
+		})
+	}
+}

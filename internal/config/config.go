@@ -94,9 +94,13 @@ type Delivery struct {
 
 // Store selects and tunes the storage engine.
 type Store struct {
-	Engine     string    `toml:"engine"` // "embedded" or "cassandra"
-	CacheBytes int64     `toml:"cache_bytes"`
-	Cassandra  Cassandra `toml:"cassandra"`
+	Engine     string `toml:"engine"` // "embedded" or "cassandra"
+	CacheBytes int64  `toml:"cache_bytes"`
+	// ReserveBytes is the embedded engine's reserve for a full disk: space
+	// kept allocated and released when the disk fills, so that deletions
+	// still succeed (0: none).
+	ReserveBytes int64     `toml:"reserve_bytes"`
+	Cassandra    Cassandra `toml:"cassandra"`
 }
 
 // Cassandra configures engine = "cassandra" (docs/cassandra.md states what
@@ -214,7 +218,9 @@ func Default() Config {
 		// Bodies share the block cache with metadata; below about 256 MiB,
 		// retrieved bodies evict the index and metadata blocks every
 		// delivery reads (docs/performance.md measures 64 vs 256 MiB).
-		Store: Store{Engine: "embedded", CacheBytes: 256 << 20, Cassandra: Cassandra{
+		// The reserve: room for the flush of two default memtables (32 MiB
+		// each) and the expunges of a while once the disk is full.
+		Store: Store{Engine: "embedded", CacheBytes: 256 << 20, ReserveBytes: 128 << 20, Cassandra: Cassandra{
 			Hosts: []string{"127.0.0.1:9042"}, Keyspace: "quill",
 			ReplicationClass: "SimpleStrategy", ReplicationFactor: 3,
 			// LOCAL_QUORUM both ways: reads overlap acknowledged writes
@@ -320,6 +326,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Store.CacheBytes < 1<<20 {
 		bad("store.cache_bytes must be at least 1 MiB")
+	}
+	if c.Store.ReserveBytes < 0 {
+		bad("store.reserve_bytes must not be negative")
 	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":

@@ -225,6 +225,7 @@ func (s *Server) startAdmin(authn *auth.Authenticator) error {
 			Directory: &auth.Directory{Store: s.store},
 			Gatherer:  s.reg,
 			Ready:     s.ready.Load,
+			Store:     storeHealth(s.store),
 			Token:     token,
 			Logger:    s.log.With("component", "admin"),
 		}),

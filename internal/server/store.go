@@ -15,6 +15,15 @@ import (
 	"quill/internal/store/embedded"
 )
 
+// storeHealth returns the health function of an engine that reports it
+// (the embedded one), for the admin endpoint's /healthz and /readyz.
+func storeHealth(st store.Store) func() store.Health {
+	if h, ok := st.(store.HealthReporter); ok {
+		return h.Health
+	}
+	return nil
+}
+
 // OpenStore opens the engine cfg.Store.Engine names, as quill serve does;
 // the admin commands call it too, so that both always agree on the engine
 // and its options. The embedded engine lives in cfg.DataDir/StoreDir and
@@ -24,8 +33,12 @@ import (
 // interface (never a typed nil) on error.
 func OpenStore(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (store.Store, error) {
 	if cfg.Store.Engine != "cassandra" {
+		reserve := cfg.Store.ReserveBytes
+		if reserve == 0 {
+			reserve = -1 // embedded.Options: none
+		}
 		e, err := embedded.Open(filepath.Join(cfg.DataDir, StoreDir), embedded.Options{
-			Logger: log, Registerer: reg, CacheBytes: cfg.Store.CacheBytes,
+			Logger: log, Registerer: reg, CacheBytes: cfg.Store.CacheBytes, ReserveBytes: reserve,
 		})
 		if err != nil {
 			return nil, err
