@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -174,21 +175,44 @@ func (sp *space) makeReserve() error {
 	if sp.bytes <= 0 {
 		return nil
 	}
+	// A reserve left by the last run is released first, so that the
+	// free space counted includes it.
+	name := sp.fs.PathJoin(sp.dir, reserveName)
+	if err := sp.fs.Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
 	if u, err := sp.fs.GetDiskUsage(sp.dir); err == nil && u.AvailBytes < 2*uint64(sp.bytes) {
 		return fmt.Errorf("%w: %d bytes free, %d wanted", errNoRoom, u.AvailBytes, 2*sp.bytes)
 	}
-	name := sp.fs.PathJoin(sp.dir, reserveName)
 	f, err := sp.fs.Create(name, vfs.WriteCategoryUnspecified)
 	if err != nil {
 		return err
 	}
-	err = errors.Join(f.Preallocate(0, sp.bytes), f.Sync(), f.Close())
+	err = f.Preallocate(0, sp.bytes)
+	if errors.Is(err, syscall.EOPNOTSUPP) {
+		// A file system without fallocate: the reserve is written out.
+		err = writeZeros(f, sp.bytes)
+	}
+	err = errors.Join(err, f.Sync(), f.Close())
 	if err == nil {
 		err = syncDir(sp.fs, sp.dir)
 	}
 	if err != nil {
 		sp.fs.Remove(name)
 		return fmt.Errorf("embedded: allocating the reserve: %w", err)
+	}
+	return nil
+}
+
+// writeZeros appends n zero bytes to f.
+func writeZeros(f vfs.File, n int64) error {
+	buf := make([]byte, min(n, 1<<20))
+	for n > 0 {
+		w := min(n, int64(len(buf)))
+		if _, err := f.Write(buf[:w]); err != nil {
+			return err
+		}
+		n -= w
 	}
 	return nil
 }
