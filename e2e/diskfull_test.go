@@ -89,6 +89,11 @@ func TestDiskFull(t *testing.T) {
 		t.Errorf("quill_store_writable on a full disk = %q, want 0", m)
 	}
 
+	// IMAP: an APPEND is refused as temporary (RFC 5530 UNAVAILABLE).
+	if tagged := imapAppend(t, s.Addr("imap"), user, pw, bigMessage(user, token(), 1<<10)); !strings.HasPrefix(tagged, "c NO [UNAVAILABLE]") {
+		t.Errorf("IMAP APPEND on a full disk: %q, want NO [UNAVAILABLE]", tagged)
+	}
+
 	// A deletion still succeeds, in the reserve's room.
 	p, err := dialPOP3(s.Addr("pop3"), user, pw)
 	if err != nil {
@@ -229,4 +234,46 @@ func metric(t *testing.T, admin, name string) string {
 	}
 	t.Fatalf("/metrics has no %s", name)
 	return ""
+}
+
+// imapAppend logs in over plain IMAP (allowed from loopback), appends msg
+// to INBOX and returns the APPEND's tagged reply.
+func imapAppend(t *testing.T, addr, user, pass string, msg []byte) string {
+	t.Helper()
+	c, err := dialText(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	tagged := func(tag string) string {
+		for {
+			line, err := c.readLine()
+			if err != nil {
+				t.Fatalf("IMAP: %v", err)
+			}
+			if strings.HasPrefix(line, tag+" ") || strings.HasPrefix(line, "+") {
+				return line
+			}
+		}
+	}
+	if _, err := c.readLine(); err != nil { // greeting
+		t.Fatal(err)
+	}
+	if err := c.writeLine(fmt.Sprintf("a LOGIN %q %q", user, pass)); err != nil {
+		t.Fatal(err)
+	}
+	if r := tagged("a"); !strings.HasPrefix(r, "a OK") {
+		t.Fatalf("IMAP LOGIN: %q", r)
+	}
+	if err := c.writeLine(fmt.Sprintf("c APPEND INBOX {%d}", len(msg))); err != nil {
+		t.Fatal(err)
+	}
+	r := tagged("c")
+	if !strings.HasPrefix(r, "+") {
+		return r
+	}
+	if _, err := c.conn.Write(append(msg, "\r\n"...)); err != nil {
+		t.Fatal(err)
+	}
+	return tagged("c")
 }
