@@ -17,6 +17,9 @@
 //	    update the caches (hot.go, lists.go)
 //	    lift the fences; answer every request
 //
+// While the disk is full (space.go) the committer refuses transactions that
+// store a body, and wakes with a backoff to probe whether space is back.
+//
 // The log is the write-ahead log (bodylog.go): Pebble runs without its own,
 // and a group reaches the overlay only once its record is durable, so
 // nothing a reader sees can be lost by a crash. A checkpoint applies the
