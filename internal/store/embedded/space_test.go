@@ -316,3 +316,65 @@ func TestLogFailsStopOnEIO(t *testing.T) {
 	}
 	verifyBodies(t, e, box, bodies)
 }
+
+// TestPebbleMeetsFullDiskFirst: when a flush of Pebble's memtable is the
+// first write to meet the full disk, the reserve's release lets the flush
+// finish, the engine enters the full state, and it leaves it once space is
+// back.
+func TestPebbleMeetsFullDiskFirst(t *testing.T) {
+	mnt := mountTmpfs(t, 24<<20)
+	dir := filepath.Join(mnt, "store")
+	opts := Options{ReserveBytes: 4 << 20, MemTableBytes: 1 << 20, CacheBytes: 1 << 20}
+	e, err := Open(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	box, bodies := deliverN(t, e, "pebble@example.test", 200, 100)
+	// Fill every byte left.
+	f, err := os.Create(filepath.Join(mnt, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64<<10)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	f.Close()
+	if err := e.checkpoint("test"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- e.flush() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("flush on a full disk: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Pebble's flush on a full disk did not finish in 20 s")
+	}
+	if h := e.Health(); h.Writable || !strings.Contains(h.Reason, "disk full") {
+		t.Fatalf("Health after Pebble met the full disk = %+v", h)
+	}
+	if _, err := e.Append(context.Background(), box, []store.NewMessage{{Body: []byte("x\r\n"), Size: 3}}, store.AppendOptions{}); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("Append on a full disk: %v, want store.ErrUnavailable", err)
+	}
+	expungeUnless(t, e, box, bodies, func(uid uint32) bool { return uid%2 == 0 })
+	if err := os.Remove(filepath.Join(mnt, "filler")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for !e.Health().Writable {
+		if time.Now().After(deadline) {
+			t.Fatalf("still not writable 20 s after space was freed: %+v", e.Health())
+		}
+		time.Sleep(10 * time.Millisecond) // polling an observable condition
+	}
+	reopenVerified(t, e, dir, opts, box, bodies)
+}
