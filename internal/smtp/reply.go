@@ -39,6 +39,10 @@ var (
 	errBDATAborted = errors.New("smtp: BDAT transaction interrupted by another command")
 )
 
+// errTooManyRecipients answers a RCPT over MaxRecipients (RFC 5321 section
+// 4.5.3.1.10); it is not counted toward MaxErrors.
+var errTooManyRecipients = errReply(452, "4.5.3", "Too many recipients")
+
 var genericTempFailure = reply{451, "4.3.0", "Temporary failure, please try again later"}
 
 // replyFor is the one place that turns an error into what the client sees.

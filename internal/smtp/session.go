@@ -201,7 +201,11 @@ func (s *session) command(line string) {
 	}
 	if s.lastCode >= 400 && !s.closing {
 		s.srv.Metrics.CommandError(metricName(verb))
-		if verb != "DATA" && verb != "BDAT" {
+		// A refused body is not a client error, and neither is the
+		// recipient limit: RFC 5321 section 4.5.3.1.10 expects the client
+		// to send the rest in another transaction, so counting it would
+		// close the session before a message to many recipients is sent.
+		if verb != "DATA" && verb != "BDAT" && err != errTooManyRecipients {
 			s.countError()
 		}
 	}
@@ -375,7 +379,7 @@ func (s *session) rcpt(arg string) error {
 		return err
 	}
 	if len(s.tx.rcpts) >= s.lim.maxRecipients {
-		return errReply(452, "4.5.3", "Too many recipients")
+		return errTooManyRecipients
 	}
 	if addr.Domain == "" {
 		// RFC 5321 section 4.5.1: "postmaster" without a domain is this
