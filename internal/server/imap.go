@@ -64,6 +64,10 @@ func (x imapServers) new(name string, implicit bool) *imap.Server {
 		AppendLimit:       x.cfg.Limits.MaxMessageBytes,
 		MaxErrors:         x.cfg.Limits.MaxErrors,
 		IdlePoll:          idlePoll(x.cfg),
+		UnauthTimeout:     x.cfg.Limits.PreauthTimeout.Duration,
+		HandshakeTimeout:  x.cfg.Limits.TLSHandshakeTimeout.Duration,
+		MinTransferRate:   x.cfg.Limits.MinTransferRate,
+		TransferGrace:     x.cfg.Limits.TransferGrace.Duration,
 	}
 }
 

@@ -154,3 +154,149 @@ func TestTooManyRecipientsIsNotAnError(t *testing.T) {
 		t.Fatalf("QUIT: %s", r)
 	}
 }
+
+// readUntilClosed reads c until the server closes it, within limit, and
+// returns what it read.
+func readUntilClosed(t *testing.T, c net.Conn, limit time.Duration) string {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(limit))
+	b, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("connection not closed by the server within %v: %v (read %q)", limit, err, b)
+	}
+	return string(b)
+}
+
+// A DATA body that stops arriving is cut off once the client falls below
+// min_transfer_rate after transfer_grace, with 421 4.4.2, long before the
+// per-read data timeout; nothing is delivered.
+func TestSlowDATASenderIsCutOff(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Limits.MinTransferRate = 1 << 20
+	cfg.Limits.TransferGrace = config.Duration{Duration: 300 * time.Millisecond}
+	addUsers(t, cfg, "alice@example.test")
+	s := startServer(t, cfg)
+	sc := dialSMTP(t, s.Listeners()["smtp"])
+	sc.cmd("EHLO client.example.test")
+	sc.cmd("MAIL FROM:<sender@remote.test>")
+	if r := sc.cmd("RCPT TO:<alice@example.test>"); !strings.HasPrefix(r, "250") {
+		t.Fatalf("RCPT: %s", r)
+	}
+	if r := sc.cmd("DATA"); !strings.HasPrefix(r, "354") {
+		t.Fatalf("DATA: %s", r)
+	}
+	io.WriteString(sc.c, "Subject: slow\r\n\r\nthe rest never comes")
+	rest := readUntilClosed(t, sc.c, 20*time.Second)
+	if !strings.HasPrefix(rest, "421 4.4.2") {
+		t.Fatalf("after a stalled body: %q, want 421 4.4.2", rest)
+	}
+	if n := inboxCount(t, s, "alice@example.test"); n != 0 {
+		t.Fatalf("%d messages delivered from a cut-off body", n)
+	}
+}
+
+// The same for BDAT: the transfer spans the chunks.
+func TestSlowBDATSenderIsCutOff(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Limits.MinTransferRate = 1 << 20
+	cfg.Limits.TransferGrace = config.Duration{Duration: 300 * time.Millisecond}
+	addUsers(t, cfg, "alice@example.test")
+	s := startServer(t, cfg)
+	sc := dialSMTP(t, s.Listeners()["smtp"])
+	sc.cmd("EHLO client.example.test")
+	sc.cmd("MAIL FROM:<sender@remote.test>")
+	sc.cmd("RCPT TO:<alice@example.test>")
+	io.WriteString(sc.c, "BDAT 1000 LAST\r\nSubject: slow\r\n\r\n")
+	rest := readUntilClosed(t, sc.c, 20*time.Second)
+	if !strings.HasPrefix(rest, "421 4.4.2") {
+		t.Fatalf("after a stalled chunk: %q, want 421 4.4.2", rest)
+	}
+	if n := inboxCount(t, s, "alice@example.test"); n != 0 {
+		t.Fatalf("%d messages delivered from a cut-off body", n)
+	}
+}
+
+// An APPEND literal that stops arriving ends the session with BYE, and
+// nothing is appended.
+func TestSlowAPPENDIsCutOff(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Listeners.IMAP = "127.0.0.1:0"
+	cfg.Limits.MinTransferRate = 1 << 20
+	cfg.Limits.TransferGrace = config.Duration{Duration: 300 * time.Millisecond}
+	addUsers(t, cfg, "alice@example.test")
+	s := startServer(t, cfg)
+	c, err := net.Dial("tcp", s.Listeners()["imap"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReader(c)
+	expect := func(prefix string) {
+		t.Helper()
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				t.Fatalf("waiting for %q: %v", prefix, err)
+			}
+			if strings.HasPrefix(line, prefix) {
+				return
+			}
+		}
+	}
+	expect("* OK")
+	io.WriteString(c, "a LOGIN alice@example.test password1\r\n")
+	expect("a OK")
+	io.WriteString(c, "b APPEND INBOX {1000}\r\n")
+	expect("+ ")
+	io.WriteString(c, "Subject: slow\r\n\r\n")
+	rest := readUntilClosed(t, c, 20*time.Second)
+	if !strings.HasPrefix(rest, "* BYE transfer too slow") {
+		t.Fatalf("after a stalled literal: %q", rest)
+	}
+	if n := inboxCount(t, s, "alice@example.test"); n != 0 {
+		t.Fatalf("%d messages appended from a cut-off literal", n)
+	}
+}
+
+// A stalled TLS handshake on the implicit-TLS submission port is closed
+// after tls_handshake_timeout.
+func TestStalledTLSHandshakeIsClosed(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Listeners.Submissions = "127.0.0.1:0"
+	cfg.Limits.TLSHandshakeTimeout = config.Duration{Duration: 300 * time.Millisecond}
+	s := startServer(t, cfg)
+	c, err := net.Dial("tcp", s.Listeners()["submissions"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	readUntilClosed(t, c, 20*time.Second)
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Fatalf("closed after %v, before the handshake timeout", d)
+	}
+}
+
+// Before login (POP3) or EHLO (SMTP) preauth_timeout applies, not the
+// longer idle and command timeouts of an established session.
+func TestPreauthTimeout(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Limits.PreauthTimeout = config.Duration{Duration: 300 * time.Millisecond}
+	s := startServer(t, cfg)
+	for _, x := range []struct{ listener, want string }{
+		{"pop3", "-ERR [SYS/TEMP] autologout"},
+		{"smtp", "421 4.4.2"},
+	} {
+		c, err := net.Dial("tcp", s.Listeners()[x.listener])
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := readUntilClosed(t, c, 20*time.Second)
+		c.Close()
+		lines := strings.Split(strings.TrimSpace(out), "\r\n")
+		if len(lines) != 2 || !strings.HasPrefix(lines[1], x.want) {
+			t.Errorf("%s before login: %q, want greeting then %q", x.listener, out, x.want)
+		}
+	}
+}

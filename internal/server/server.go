@@ -147,6 +147,10 @@ func (s *Server) Start() (err error) {
 			MaxRecipients:     cfg.Limits.MaxRecipients,
 			MaxErrors:         cfg.Limits.MaxErrors,
 			ReadTimeout:       cfg.Limits.CommandTimeout.Duration,
+			PreauthTimeout:    cfg.Limits.PreauthTimeout.Duration,
+			HandshakeTimeout:  cfg.Limits.TLSHandshakeTimeout.Duration,
+			MinTransferRate:   cfg.Limits.MinTransferRate,
+			TransferGrace:     cfg.Limits.TransferGrace.Duration,
 		}
 	}
 	// One maildrop service for every POP3 listener: its lock is per user.
@@ -161,6 +165,8 @@ func (s *Server) Start() (err error) {
 			Limiter:           limiter,
 			MaxErrors:         cfg.Limits.MaxErrors,
 			ReadTimeout:       cfg.Limits.POP3IdleTimeout.Duration,
+			UnauthTimeout:     cfg.Limits.PreauthTimeout.Duration,
+			HandshakeTimeout:  cfg.Limits.TLSHandshakeTimeout.Duration,
 		}
 	}
 	imapSrv := imapServers{cfg: cfg, log: s.log, reg: s.reg, tls: tlsConfig, limiter: limiter,

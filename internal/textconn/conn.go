@@ -29,6 +29,12 @@ var ErrLineTooLong = errors.New("textconn: line too long")
 // should say goodbye (421, -ERR, * BYE) and return.
 var ErrShutdown = errors.New("textconn: server shutting down")
 
+// ErrTooSlow is returned by reads during a transfer (BeginTransfer) once
+// the peer has fallen below the minimum rate. It satisfies
+// errors.Is(err, os.ErrDeadlineExceeded), so callers that handle timeouts
+// handle it too; the connection is out of step and must be closed.
+var ErrTooSlow = fmt.Errorf("textconn: transfer slower than the minimum rate: %w", os.ErrDeadlineExceeded)
+
 // Options bound a Conn. Zero durations mean no deadline.
 type Options struct {
 	MaxLine      int           // longest accepted line in octets, CRLF excluded
@@ -75,6 +81,9 @@ type Conn struct {
 	// rdl and wdl are the read and write deadlines last set on raw (zero:
 	// unknown or none), so that renewing one can be skipped: see renew.
 	rdl, wdl time.Time
+	// xfer is the minimum-rate accounting of a transfer (BeginTransfer);
+	// rate 0 when none is in progress.
+	xfer transfer
 
 	mu struct {
 		sync.Mutex
@@ -199,6 +208,9 @@ type deadlineReader struct{ c *Conn }
 
 func (r deadlineReader) Read(p []byte) (int, error) {
 	c := r.c
+	if c.xfer.rate > 0 {
+		return c.transferRead(p)
+	}
 	if !c.lineDeadline && c.readTimeout > 0 {
 		if d, ok := renew(&c.rdl, c.readTimeout); ok {
 			_ = c.raw.SetReadDeadline(d)
@@ -254,6 +266,20 @@ func (c *Conn) ReadLine() ([]byte, error) {
 		// Serve complete lines already received; fail at once otherwise.
 		_ = c.raw.SetReadDeadline(time.Unix(1, 0))
 		c.rdl = time.Time{}
+	case c.xfer.rate > 0:
+		// Within a transfer (BDAT commands between chunks) the line gets
+		// no more than the rest of the transfer's allowance.
+		left := c.xfer.left()
+		if left <= 0 {
+			c.mu.Unlock()
+			return nil, ErrTooSlow
+		}
+		c.xfer.lineBound = c.readTimeout <= 0 || left < c.readTimeout
+		if !c.xfer.lineBound {
+			left = c.readTimeout
+		}
+		c.rdl = time.Now().Add(left)
+		_ = c.raw.SetReadDeadline(c.rdl)
 	case c.readTimeout > 0:
 		if d, ok := renew(&c.rdl, c.readTimeout); ok {
 			_ = c.raw.SetReadDeadline(d)
@@ -278,6 +304,9 @@ func (c *Conn) ReadLine() ([]byte, error) {
 	}
 	if err != nil && shutdown && errors.Is(err, os.ErrDeadlineExceeded) {
 		return nil, ErrShutdown
+	}
+	if err != nil && c.xfer.rate > 0 && c.xfer.lineBound && errors.Is(err, os.ErrDeadlineExceeded) {
+		err = ErrTooSlow
 	}
 	return line, err
 }
@@ -323,6 +352,72 @@ func (c *Conn) HasLine() bool {
 
 // Buffered returns the number of input bytes already read ahead.
 func (c *Conn) Buffered() int { return c.br.Buffered() }
+
+// transfer is the state of a minimum-rate transfer. The peer is allowed
+// grace plus one second per rate octets received, and is charged only for
+// the time the server spends waiting for it in network reads: time the
+// server spends elsewhere (storing what it read, waiting for memory) is
+// not the peer's fault and does not count.
+type transfer struct {
+	rate      int64         // octets per second; 0: no transfer
+	grace     time.Duration // allowance before any octet arrives
+	n         int64         // octets received since BeginTransfer
+	spent     time.Duration // time spent waiting in network reads
+	lineBound bool          // ReadLine's deadline is the allowance's
+}
+
+// left returns what remains of the allowance.
+func (x *transfer) left() time.Duration {
+	allowed := x.grace + time.Duration(float64(x.n)/float64(x.rate)*float64(time.Second))
+	return allowed - x.spent
+}
+
+// BeginTransfer starts charging reads against a minimum rate: from now until
+// EndTransfer, the peer must keep the octets it sends at or above rate per
+// second after an initial grace, or reads fail with ErrTooSlow. The read
+// timeout still bounds each read. It is meant for message bodies and
+// literals (DATA, BDAT, APPEND), where a peer trickling octets would
+// otherwise hold the connection, and the transaction's resources, for
+// hours. A rate <= 0 disables the check.
+func (c *Conn) BeginTransfer(rate int64, grace time.Duration) {
+	c.xfer = transfer{rate: max(rate, 0), grace: grace}
+}
+
+// EndTransfer ends the transfer begun by BeginTransfer.
+func (c *Conn) EndTransfer() { c.xfer = transfer{} }
+
+// transferRead is one network read during a transfer: its deadline is the
+// earlier of the read timeout and the end of the allowance, unless
+// ReadLine has set one for the whole line.
+func (c *Conn) transferRead(p []byte) (int, error) {
+	x := &c.xfer
+	left := x.left()
+	if left <= 0 {
+		return 0, ErrTooSlow
+	}
+	start := time.Now()
+	bound := x.lineBound
+	if !c.lineDeadline {
+		bound = c.readTimeout <= 0 || left < c.readTimeout
+		if !bound {
+			left = c.readTimeout
+		}
+		// Skip re-arming the timer when the deadline moved later by a
+		// little (see renew): the peer may get up to grace/32 less.
+		d := start.Add(left)
+		if c.rdl.IsZero() || d.Before(c.rdl) || d.Sub(c.rdl) > x.grace/32 {
+			c.rdl = d
+			_ = c.raw.SetReadDeadline(d)
+		}
+	}
+	n, err := c.rw.Read(p)
+	x.spent += time.Since(start)
+	x.n += int64(n)
+	if err != nil && bound && errors.Is(err, os.ErrDeadlineExceeded) {
+		err = ErrTooSlow
+	}
+	return n, err
+}
 
 // Reader returns the buffered reader for message bodies and literals; the
 // caller bounds what it reads. Each network read gets the read timeout.
