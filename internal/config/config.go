@@ -83,6 +83,11 @@ type Limits struct {
 	// of waiting, and is disconnected beyond that with nothing stored.
 	MinTransferRate int64    `toml:"min_transfer_rate"`
 	TransferGrace   Duration `toml:"transfer_grace"`
+	// BodyMemoryBudget bounds the octets of message bodies in flight on
+	// the node (received over SMTP, LMTP or IMAP APPEND and not yet
+	// durable); a body that would exceed it waits, then gets a temporary
+	// error. A body alone in flight is always accepted.
+	BodyMemoryBudget int64 `toml:"body_memory_budget"`
 }
 
 // Auth configures authentication.
@@ -221,6 +226,10 @@ func Default() Config {
 			// charged to the client.
 			MinTransferRate: 1 << 10,
 			TransferGrace:   Duration{30 * time.Second},
+			// Sized for a small node (2 cores, a few GiB): one maximal
+			// message beside others, or hundreds of typical ones at once;
+			// docs/configuration.md has what it bounds in practice.
+			BodyMemoryBudget: 64 << 20,
 			// Long enough for a transaction in progress to finish; short
 			// enough for a service manager's stop timeout (90 s in systemd).
 			ShutdownTimeout: Duration{30 * time.Second},
@@ -325,6 +334,9 @@ func (c *Config) Validate() error {
 	}
 	if lim.MinTransferRate < 1 {
 		bad("limits.min_transfer_rate must be positive")
+	}
+	if lim.BodyMemoryBudget < 1<<20 {
+		bad("limits.body_memory_budget must be at least 1 MiB")
 	}
 	for _, d := range []struct {
 		name string

@@ -81,6 +81,8 @@ func replyFor(err error) (r reply, known bool) {
 		return reply{500, "5.5.2", "Message line too long"}, true
 	case errors.Is(err, errBDATAborted):
 		return reply{503, "5.5.1", "BDAT transaction aborted"}, true
+	case errors.Is(err, delivery.ErrBusy):
+		return reply{451, "4.3.1", "Insufficient system resources, try again later"}, true
 	case errors.Is(err, context.Canceled):
 		return reply{421, "4.3.2", "Service shutting down"}, true
 	}
