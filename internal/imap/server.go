@@ -165,6 +165,9 @@ func (s *Server) init() {
 				WriteTimeout:     positive(s.WriteTimeout, DefaultWriteTimeout),
 				HandshakeTimeout: positive(s.HandshakeTimeout, DefaultHandshakeTimeout),
 				Metrics:          s.Metrics,
+				// Sessions idle for most of their life (IDLE, a client
+				// between polls) and the line buffer is 64 KiB.
+				ReleaseIdle: true,
 			},
 		}
 		c.conn.ReadTimeout = c.unauthTimeout
@@ -237,6 +240,7 @@ func (s *Server) Close() error {
 
 func (s *Server) handle(ctx context.Context, nc net.Conn, shutdown <-chan struct{}) {
 	conn := textconn.New(nc, s.cfg.conn)
+	defer conn.Release()
 	stop := conn.WatchShutdown(shutdown)
 	defer stop()
 	sess := &session{cfg: &s.cfg, conn: conn, remote: conn.RemoteAddr(), shutdown: shutdown,

@@ -121,6 +121,9 @@ func (s *Server) init() {
 				WriteTimeout:     positive(s.WriteTimeout, DefaultWriteTimeout),
 				HandshakeTimeout: positive(s.HandshakeTimeout, DefaultHandshakeTimeout),
 				Metrics:          s.Metrics,
+				// A logged-in client may sit idle for the 10 minutes
+				// RFC 1939 allows.
+				ReleaseIdle: true,
 			},
 		}
 		if c.hostname == "" {

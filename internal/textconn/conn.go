@@ -45,7 +45,19 @@ type Options struct {
 	// Metrics, if not nil, counts the bytes received and sent on the wire
 	// (TLS records included).
 	Metrics *Metrics
+	// ReleaseIdle hands the input buffer back to its pool whenever
+	// ReadLine waits for a client with nothing buffered, and the output
+	// buffer whenever Flush empties it, and takes them again when needed:
+	// an idle connection then holds idleReadSize octets instead of its
+	// buffers (IMAP's line buffer is 64 KiB). It costs a pool round trip per command, and a second read
+	// for a command longer than idleReadSize. A caller that keeps what
+	// Reader returned across a ReadLine must not set it.
+	ReleaseIdle bool
 }
+
+// idleReadSize is the read buffer of a connection that released its
+// buffers (Options.ReleaseIdle): it holds most commands whole.
+const idleReadSize = 512
 
 // DefaultMaxLine is used when Options.MaxLine is not positive.
 const DefaultMaxLine = 8192
@@ -67,12 +79,19 @@ type Conn struct {
 	wrapped bool
 	// dirty is set when bytes went into rw since its last Flush, so that
 	// an idle Flush does not make a wrapper emit an empty block.
-	dirty  bool
-	br     *bufio.Reader
-	bw     *bufio.Writer
-	opts   Options
-	remote netip.AddrPort
-	tls    *tls.ConnectionState
+	dirty bool
+	// br and bw are nil while released (Options.ReleaseIdle); reader and
+	// writer take them again, of sizes rsize and wsize.
+	br           *bufio.Reader
+	bw           *bufio.Writer
+	rsize, wsize int
+	// idle receives the first input after the buffers were released;
+	// pending is what of it br has not consumed yet (inputReader).
+	idle    [idleReadSize]byte
+	pending []byte
+	opts    Options
+	remote  netip.AddrPort
+	tls     *tls.ConnectionState
 
 	readTimeout time.Duration
 	// lineDeadline is true while ReadLine runs: the deadline it set covers
@@ -108,9 +127,48 @@ func New(c net.Conn, opts Options) *Conn {
 	tc.remote = addrPort(c.RemoteAddr())
 	// The buffer must hold a maximal line plus CRLF so that ReadSlice can
 	// return it whole; 4 KiB keeps syscalls few for short lines.
-	tc.br = newReader(deadlineReader{tc}, max(4096, opts.MaxLine+2))
-	tc.bw = newWriter(deadlineWriter{tc}, 4096)
+	tc.rsize, tc.wsize = max(4096, opts.MaxLine+2), 4096
+	tc.br = newReader(inputReader{tc}, tc.rsize)
+	tc.bw = newWriter(deadlineWriter{tc}, tc.wsize)
 	return tc
+}
+
+// reader returns the input buffer, taking one from the pool if released.
+func (c *Conn) reader() *bufio.Reader {
+	if c.br == nil {
+		c.br = newReader(inputReader{c}, c.rsize)
+	}
+	return c.br
+}
+
+// writer returns the output buffer, taking one from the pool if released.
+func (c *Conn) writer() *bufio.Writer {
+	if c.bw == nil {
+		c.bw = newWriter(deadlineWriter{c}, c.wsize)
+	}
+	return c.bw
+}
+
+// releaseInput hands back the input buffer of a connection about to wait
+// for input with none buffered (Options.ReleaseIdle). It touches only the
+// read side: a reader goroutine may wait in ReadLine while another writes
+// (IMAP IDLE). The output buffer is handed back by Flush.
+func (c *Conn) releaseInput() {
+	putReader(c.br)
+	c.br = nil
+}
+
+// inputReader is what br reads from: the input that arrived while the
+// buffers were released, then the network.
+type inputReader struct{ c *Conn }
+
+func (r inputReader) Read(p []byte) (int, error) {
+	if c := r.c; len(c.pending) > 0 {
+		n := copy(p, c.pending)
+		c.pending = c.pending[n:]
+		return n, nil
+	}
+	return deadlineReader(r).Read(p)
 }
 
 // readers and writers hold released buffers for reuse, one sync.Pool per
@@ -185,6 +243,7 @@ func (c *Conn) Release() {
 		putWriter(c.bw)
 		c.bw = nil
 	}
+	c.pending = nil
 }
 
 func addrPort(a net.Addr) netip.AddrPort {
@@ -259,6 +318,9 @@ func (c *Conn) setWriteDeadline() {
 // errors.Is(err, os.ErrDeadlineExceeded); after the shutdown signal the error
 // is ErrShutdown once no complete line is buffered.
 func (c *Conn) ReadLine() ([]byte, error) {
+	if c.opts.ReleaseIdle && c.br != nil && c.br.Buffered() == 0 {
+		c.releaseInput()
+	}
 	c.mu.Lock()
 	shutdown := c.mu.shutdown
 	switch {
@@ -312,10 +374,23 @@ func (c *Conn) ReadLine() ([]byte, error) {
 }
 
 func (c *Conn) readLine() ([]byte, error) {
-	line, err := c.br.ReadSlice('\n')
+	if c.br == nil {
+		// Wait for input in the small idle buffer, then take a real one.
+		var n int
+		var err error
+		for n == 0 && err == nil {
+			n, err = deadlineReader{c}.Read(c.idle[:])
+		}
+		if n == 0 {
+			return nil, err
+		}
+		c.pending = c.idle[:n]
+	}
+	br := c.reader()
+	line, err := br.ReadSlice('\n')
 	if errors.Is(err, bufio.ErrBufferFull) {
 		for errors.Is(err, bufio.ErrBufferFull) {
-			_, err = c.br.ReadSlice('\n')
+			_, err = br.ReadSlice('\n')
 		}
 		if err != nil {
 			return nil, err
@@ -342,6 +417,9 @@ func (c *Conn) readLine() ([]byte, error) {
 // reading it will not block. PIPELINING (RFC 2920 section 3.2) servers flush
 // their replies only when it is false.
 func (c *Conn) HasLine() bool {
+	if c.br == nil {
+		return false
+	}
 	n := c.br.Buffered()
 	if n == 0 {
 		return false
@@ -351,7 +429,12 @@ func (c *Conn) HasLine() bool {
 }
 
 // Buffered returns the number of input bytes already read ahead.
-func (c *Conn) Buffered() int { return c.br.Buffered() }
+func (c *Conn) Buffered() int {
+	if c.br == nil {
+		return 0
+	}
+	return c.br.Buffered()
+}
 
 // transfer is the state of a minimum-rate transfer. The peer is allowed
 // grace plus one second per rate octets received, and is charged only for
@@ -421,7 +504,8 @@ func (c *Conn) transferRead(p []byte) (int, error) {
 
 // Reader returns the buffered reader for message bodies and literals; the
 // caller bounds what it reads. Each network read gets the read timeout.
-func (c *Conn) Reader() *bufio.Reader { return c.br }
+// The reader is valid until the next ReadLine.
+func (c *Conn) Reader() *bufio.Reader { return c.reader() }
 
 // SetReadTimeout changes the read timeout for subsequent reads (for example
 // the longer DATA timeout, RFC 5321 section 4.5.3.2.5).
@@ -431,10 +515,10 @@ func (c *Conn) SetReadTimeout(d time.Duration) { c.readTimeout = d }
 func (c *Conn) ReadTimeout() time.Duration { return c.readTimeout }
 
 // Write buffers p.
-func (c *Conn) Write(p []byte) (int, error) { return c.bw.Write(p) }
+func (c *Conn) Write(p []byte) (int, error) { return c.writer().Write(p) }
 
 // WriteString buffers s.
-func (c *Conn) WriteString(s string) (int, error) { return c.bw.WriteString(s) }
+func (c *Conn) WriteString(s string) (int, error) { return c.writer().WriteString(s) }
 
 // GrowWriteBuffer makes the output buffer at least n octets, for a session
 // that is about to send message bodies: replies to pipelined retrievals
@@ -443,14 +527,17 @@ func (c *Conn) WriteString(s string) (int, error) { return c.bw.WriteString(s) }
 // call site, after a drained burst). The buffer never shrinks, so only
 // sessions that retrieve pay for it.
 func (c *Conn) GrowWriteBuffer(n int) error {
-	if c.bw.Size() >= n {
+	if c.wsize >= n {
 		return nil
 	}
-	if err := c.bw.Flush(); err != nil {
-		return err
+	if c.bw != nil {
+		if err := c.bw.Flush(); err != nil {
+			return err
+		}
+		putWriter(c.bw)
+		c.bw = nil
 	}
-	putWriter(c.bw)
-	c.bw = newWriter(deadlineWriter{c}, n)
+	c.wsize = n
 	return nil
 }
 
@@ -458,8 +545,14 @@ func (c *Conn) GrowWriteBuffer(n int) error {
 // A stream installed by Wrap that has a Flush() error method is flushed
 // too, after any output since its last flush.
 func (c *Conn) Flush() error {
-	if err := c.bw.Flush(); err != nil {
-		return err
+	if c.bw != nil {
+		if err := c.bw.Flush(); err != nil {
+			return err
+		}
+		if c.opts.ReleaseIdle {
+			putWriter(c.bw)
+			c.bw = nil
+		}
 	}
 	if f, ok := c.rw.(interface{ Flush() error }); ok && c.dirty {
 		c.setWriteDeadline()
@@ -487,7 +580,7 @@ var ErrPipelined = errors.New("textconn: input pipelined past a stream change")
 // compressor sends each response burst at once. On a flush error the
 // connection is unusable and must be closed.
 func (c *Conn) Wrap(f func(io.ReadWriter) io.ReadWriter) error {
-	if c.br.Buffered() > 0 {
+	if c.Buffered() > 0 {
 		return ErrPipelined
 	}
 	if err := c.Flush(); err != nil {
@@ -513,10 +606,13 @@ func (c *Conn) StartTLS(cfg *tls.Config) error {
 	if c.wrapped {
 		return errors.New("textconn: StartTLS beneath a wrapped stream")
 	}
-	if c.bw.Buffered() > 0 {
+	if c.bw != nil && c.bw.Buffered() > 0 {
 		return errors.New("textconn: StartTLS with unflushed output")
 	}
-	c.br.Reset(deadlineReader{c})
+	c.pending = nil
+	if c.br != nil {
+		c.br.Reset(inputReader{c})
+	}
 	tc := tls.Server(c.raw, cfg)
 	timeout := c.opts.HandshakeTimeout
 	if timeout == 0 {
