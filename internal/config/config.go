@@ -70,6 +70,24 @@ type Limits struct {
 	CommandTimeout      Duration `toml:"command_timeout"`
 	POP3IdleTimeout     Duration `toml:"pop3_idle_timeout"`
 	ShutdownTimeout     Duration `toml:"shutdown_timeout"`
+	// PreauthTimeout replaces the command and idle timeouts until a client
+	// has authenticated (POP3, IMAP, submission) or said EHLO/HELO/LHLO
+	// (SMTP, LMTP).
+	PreauthTimeout Duration `toml:"preauth_timeout"`
+	// TLSHandshakeTimeout bounds every TLS handshake: implicit TLS
+	// listeners and STARTTLS/STLS alike.
+	TLSHandshakeTimeout Duration `toml:"tls_handshake_timeout"`
+	// MinTransferRate (octets per second) and TransferGrace bound how
+	// slowly a message body (DATA, BDAT) or APPEND may arrive: the client
+	// is allowed TransferGrace plus one second per MinTransferRate octets
+	// of waiting, and is disconnected beyond that with nothing stored.
+	MinTransferRate int64    `toml:"min_transfer_rate"`
+	TransferGrace   Duration `toml:"transfer_grace"`
+	// BodyMemoryBudget bounds the octets of message bodies in flight on
+	// the node (received over SMTP, LMTP or IMAP APPEND and not yet
+	// durable); a body that would exceed it waits, then gets a temporary
+	// error. A body alone in flight is always accepted.
+	BodyMemoryBudget int64 `toml:"body_memory_budget"`
 }
 
 // Auth configures authentication.
@@ -199,6 +217,23 @@ func Default() Config {
 			MaxErrors:       10,
 			CommandTimeout:  Duration{5 * time.Minute},  // RFC 5321 4.5.3.2
 			POP3IdleTimeout: Duration{10 * time.Minute}, // RFC 1939 section 3
+			// The RFC minimums above protect sessions that have something
+			// to lose; a client that has not logged in (or said EHLO) has
+			// not, and a real one needs seconds.
+			PreauthTimeout: Duration{time.Minute},
+			// A real TLS handshake takes well under a second, even on a
+			// slow link; 30 s is what IMAP and POP3 always allowed.
+			TLSHandshakeTimeout: Duration{30 * time.Second},
+			// 1 KiB/s is 8 kbit/s, below any link still in use; the 30 s
+			// grace covers TCP slow start and a client that composes the
+			// body as it sends it. Time the server spends storing is not
+			// charged to the client.
+			MinTransferRate: 1 << 10,
+			TransferGrace:   Duration{30 * time.Second},
+			// Sized for a small node (2 cores, a few GiB): one maximal
+			// message beside others, or hundreds of typical ones at once;
+			// docs/configuration.md has what it bounds in practice.
+			BodyMemoryBudget: 64 << 20,
 			// Long enough for a transaction in progress to finish; short
 			// enough for a service manager's stop timeout (90 s in systemd).
 			ShutdownTimeout: Duration{30 * time.Second},
@@ -303,12 +338,20 @@ func (c *Config) Validate() error {
 	if lim.MaxErrors < 1 {
 		bad("limits.max_errors must be positive")
 	}
+	if lim.MinTransferRate < 1 {
+		bad("limits.min_transfer_rate must be positive")
+	}
+	if lim.BodyMemoryBudget < 1<<20 {
+		bad("limits.body_memory_budget must be at least 1 MiB")
+	}
 	for _, d := range []struct {
 		name string
 		d    Duration
 	}{
 		{"limits.command_timeout", lim.CommandTimeout}, {"limits.pop3_idle_timeout", lim.POP3IdleTimeout},
 		{"limits.shutdown_timeout", lim.ShutdownTimeout}, {"auth.failure_window", c.Auth.FailureWindow},
+		{"limits.preauth_timeout", lim.PreauthTimeout}, {"limits.tls_handshake_timeout", lim.TLSHandshakeTimeout},
+		{"limits.transfer_grace", lim.TransferGrace},
 	} {
 		if d.d.Duration <= 0 {
 			bad("%s must be positive", d.name)

@@ -33,6 +33,11 @@ smtp = "127.0.0.1:25"
 imap = "off"
 [limits]
 command_timeout = "90s"
+preauth_timeout = "20s"
+tls_handshake_timeout = "10s"
+min_transfer_rate = 4096
+transfer_grace = "1m"
+body_memory_budget = 33554432
 [log]
 flush_interval = "0"
 `))
@@ -44,6 +49,10 @@ flush_interval = "0"
 	}
 	if c.Hostname != "mx.example.test" || c.Listeners.SMTP != "127.0.0.1:25" || c.Limits.CommandTimeout.Duration != 90*time.Second {
 		t.Fatalf("loaded %+v", c)
+	}
+	if l := c.Limits; l.PreauthTimeout.Duration != 20*time.Second || l.TLSHandshakeTimeout.Duration != 10*time.Second ||
+		l.MinTransferRate != 4096 || l.TransferGrace.Duration != time.Minute || l.BodyMemoryBudget != 32<<20 {
+		t.Fatalf("limits loaded %+v", l)
 	}
 	if c.Domains[0] != "example.test" || c.Domains[1] != "example.org" {
 		t.Fatalf("domains not normalized: %v", c.Domains)
@@ -71,11 +80,17 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	c.Limits.MaxRecipients = 0
 	c.Store.Engine = "mongodb"
 	c.Log.FlushInterval.Duration = -time.Second
+	c.Limits.MinTransferRate = 0
+	c.Limits.BodyMemoryBudget = 1000
+	c.Limits.PreauthTimeout.Duration = 0
+	c.Limits.TLSHandshakeTimeout.Duration = 0
+	c.Limits.TransferGrace.Duration = 0
 	err := c.Validate()
 	if err == nil {
 		t.Fatal("invalid config accepted")
 	}
-	for _, want := range []string{"domain", "listeners.smtp", "key_file", "max_recipients", "store.engine", "log.flush_interval"} {
+	for _, want := range []string{"domain", "listeners.smtp", "key_file", "max_recipients", "store.engine", "log.flush_interval",
+		"min_transfer_rate", "body_memory_budget", "preauth_timeout", "tls_handshake_timeout", "transfer_grace"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not mention %s: %v", want, err)
 		}

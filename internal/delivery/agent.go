@@ -53,9 +53,12 @@ type Options struct {
 	// IMAP command that needs one computes it and keeps it
 	// (store.MetaSetter, docs/adr/0011).
 	LazySummaries bool
-	Notifier      Notifier
-	Logger        *slog.Logger
-	Registerer    prometheus.Registerer
+	// Budget, if not nil, bounds the octets of bodies in flight: each
+	// body is charged as it is read and released when Deliver returns.
+	Budget     *Budget
+	Notifier   Notifier
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
 }
 
 // inlineMax is the largest body delivered inline with its append
@@ -210,11 +213,16 @@ func (a *Agent) Deliver(ctx context.Context, m Message) ([]error, error) {
 			unique = append(unique, i)
 		}
 	}
+	// The body is held against the budget until it is durable (or
+	// abandoned): until then the store's buffers and transactions may
+	// hold it.
+	hold := a.opts.Budget.Hold()
+	defer hold.Release()
 	var parser *mime.Parser
-	body := m.Body
+	body := hold.Reader(m.Body)
 	if !a.opts.LazySummaries {
 		parser = mime.NewParser()
-		body = io.TeeReader(m.Body, parser)
+		body = io.TeeReader(body, parser)
 	}
 	nm := store.NewMessage{InternalDate: m.ReceivedAt}
 	if len(unique) == 1 {

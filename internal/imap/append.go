@@ -33,6 +33,10 @@ func (s *session) cmdAppend(ctx context.Context, d *decoder, c *command) (string
 	if _, _, err := s.mboxes.Status(ctx, name, false); err != nil {
 		return "", tryCreate(err)
 	}
+	// One transfer spans every literal of the command and the lines
+	// between them.
+	s.conn.BeginTransfer(s.cfg.minRate, s.cfg.transferGrace)
+	defer s.conn.EndTransfer()
 	var msgs []mailbox.NewMessage
 	var inlined int64
 	for {

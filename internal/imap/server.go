@@ -37,6 +37,11 @@ const (
 	DefaultWriteTimeout = time.Minute
 	// DefaultHandshakeTimeout bounds a TLS handshake.
 	DefaultHandshakeTimeout = 30 * time.Second
+	// DefaultMinTransferRate and DefaultTransferGrace bound how slowly an
+	// APPEND's literals may arrive (textconn.Conn.BeginTransfer): 1 KiB/s
+	// after 30 s, as for SMTP bodies.
+	DefaultMinTransferRate = 1 << 10
+	DefaultTransferGrace   = 30 * time.Second
 	// DefaultCommandRate is the sustained commands per second of one
 	// connection: far above what a client needs (mbsync and offlineimap
 	// pipeline a few dozen commands per second at most), low enough that
@@ -84,6 +89,11 @@ type Server struct {
 	UnauthTimeout     time.Duration // autologout before login
 	WriteTimeout      time.Duration
 	HandshakeTimeout  time.Duration
+	// MinTransferRate (octets per second) and TransferGrace bound a whole
+	// APPEND command: a client slower than that gets "* BYE" and nothing
+	// is appended.
+	MinTransferRate int64
+	TransferGrace   time.Duration
 	// CommandRate and CommandBurst are each connection's token bucket of
 	// commands: over it a command gets NO [LIMIT] without running.
 	CommandRate  float64
@@ -119,6 +129,8 @@ type config struct {
 	maxUnauthCommands int
 	readTimeout       time.Duration
 	unauthTimeout     time.Duration
+	minRate           int64
+	transferGrace     time.Duration
 	commandRate       float64
 	commandBurst      int
 	idlePoll          time.Duration
@@ -142,6 +154,8 @@ func (s *Server) init() {
 			maxUnauthCommands: positive(s.MaxUnauthCommands, DefaultMaxUnauthCommands),
 			readTimeout:       positive(s.ReadTimeout, DefaultReadTimeout),
 			unauthTimeout:     positive(s.UnauthTimeout, DefaultUnauthTimeout),
+			minRate:           positive(s.MinTransferRate, DefaultMinTransferRate),
+			transferGrace:     positive(s.TransferGrace, DefaultTransferGrace),
 			commandRate:       positive(s.CommandRate, DefaultCommandRate),
 			commandBurst:      positive(s.CommandBurst, DefaultCommandBurst),
 			idlePoll:          s.IdlePoll,
@@ -151,6 +165,9 @@ func (s *Server) init() {
 				WriteTimeout:     positive(s.WriteTimeout, DefaultWriteTimeout),
 				HandshakeTimeout: positive(s.HandshakeTimeout, DefaultHandshakeTimeout),
 				Metrics:          s.Metrics,
+				// Sessions idle for most of their life (IDLE, a client
+				// between polls) and the line buffer is 64 KiB.
+				ReleaseIdle: true,
 			},
 		}
 		c.conn.ReadTimeout = c.unauthTimeout
@@ -223,6 +240,7 @@ func (s *Server) Close() error {
 
 func (s *Server) handle(ctx context.Context, nc net.Conn, shutdown <-chan struct{}) {
 	conn := textconn.New(nc, s.cfg.conn)
+	defer conn.Release()
 	stop := conn.WatchShutdown(shutdown)
 	defer stop()
 	sess := &session{cfg: &s.cfg, conn: conn, remote: conn.RemoteAddr(), shutdown: shutdown,

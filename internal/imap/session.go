@@ -329,8 +329,16 @@ func (s *session) command(ctx context.Context, line []byte) {
 var errAbort = errors.New("imap: session aborted")
 
 func (s *session) abort(err error) {
-	if errors.Is(err, errResync) {
+	switch {
+	case errors.Is(err, errResync):
 		s.enc.raw("* BYE [TOOBIG] literal too large").crlf()
+		_ = s.conn.Flush()
+	case errors.Is(err, textconn.ErrTooSlow):
+		s.log.Info("imap: transfer too slow", "err", err)
+		s.enc.raw("* BYE transfer too slow, closing connection").crlf()
+		_ = s.conn.Flush()
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		s.enc.raw("* BYE autologout: idle for too long").crlf()
 		_ = s.conn.Flush()
 	}
 	s.log.Debug("imap: session ends", "err", err)

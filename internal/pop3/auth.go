@@ -212,6 +212,7 @@ func (s *session) login(ctx context.Context, username, password string) error {
 		return fmt.Errorf("pop3: open maildrop of %s: %w", user, err)
 	}
 	s.user, s.drop, s.state = user, drop, stateTransaction
+	s.conn.SetReadTimeout(s.cfg.readTimeout)
 	s.msgs = drop.Messages()
 	s.deleted = make([]bool, len(s.msgs))
 	s.log = s.log.With("user", user)

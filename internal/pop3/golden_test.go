@@ -264,6 +264,12 @@ func applyOption(t *testing.T, srv *Server, remote *netip.Addr, serverTLS *tls.C
 			t.Fatal(err)
 		}
 		srv.ReadTimeout = d
+	case "unauthtimeout":
+		d, err := time.ParseDuration(value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv.UnauthTimeout = d
 	case "perip":
 		srv.Limiter = textconn.NewLimiter(num(), 0)
 	default:

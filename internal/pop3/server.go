@@ -31,6 +31,10 @@ const (
 	// DefaultReadTimeout is the inactivity autologout timer; RFC 1939
 	// section 3 requires at least 10 minutes.
 	DefaultReadTimeout = 10 * time.Minute
+	// DefaultUnauthTimeout is the shorter timer before login: RFC 1939's
+	// 10 minutes protect a logged-in user's session, and a client that
+	// has not logged in has nothing to lose by reconnecting.
+	DefaultUnauthTimeout = time.Minute
 	// DefaultWriteTimeout bounds each network write; a client that does
 	// not read a response for this long is gone.
 	DefaultWriteTimeout = time.Minute
@@ -66,10 +70,11 @@ type Server struct {
 	Metrics *textconn.Metrics
 	Limiter *textconn.Limiter
 
-	MaxLineLength     int // octets per client line, CRLF excluded
-	MaxErrors         int // client-caused -ERR replies before close
-	MaxUnauthCommands int // commands before login before close
-	ReadTimeout       time.Duration
+	MaxLineLength     int           // octets per client line, CRLF excluded
+	MaxErrors         int           // client-caused -ERR replies before close
+	MaxUnauthCommands int           // commands before login before close
+	ReadTimeout       time.Duration // autologout after login
+	UnauthTimeout     time.Duration // autologout before login
 	WriteTimeout      time.Duration
 	HandshakeTimeout  time.Duration
 
@@ -92,6 +97,7 @@ type config struct {
 	metrics           *textconn.Metrics
 	maxErrors         int
 	maxUnauthCommands int
+	readTimeout       time.Duration // after login; conn.ReadTimeout is the one before
 	conn              textconn.Options
 }
 
@@ -108,12 +114,16 @@ func (s *Server) init() {
 			metrics:           s.Metrics,
 			maxErrors:         positive(s.MaxErrors, DefaultMaxErrors),
 			maxUnauthCommands: positive(s.MaxUnauthCommands, DefaultMaxUnauthCommands),
+			readTimeout:       positive(s.ReadTimeout, DefaultReadTimeout),
 			conn: textconn.Options{
 				MaxLine:          positive(s.MaxLineLength, DefaultMaxLineLength),
-				ReadTimeout:      positive(s.ReadTimeout, DefaultReadTimeout),
+				ReadTimeout:      positive(s.UnauthTimeout, DefaultUnauthTimeout),
 				WriteTimeout:     positive(s.WriteTimeout, DefaultWriteTimeout),
 				HandshakeTimeout: positive(s.HandshakeTimeout, DefaultHandshakeTimeout),
 				Metrics:          s.Metrics,
+				// A logged-in client may sit idle for the 10 minutes
+				// RFC 1939 allows.
+				ReleaseIdle: true,
 			},
 		}
 		if c.hostname == "" {

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"crypto/tls"
+	"io"
 	"log/slog"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"quill/internal/auth"
 	"quill/internal/config"
+	"quill/internal/delivery"
 	"quill/internal/imap"
 	"quill/internal/mailbox"
 	"quill/internal/textconn"
@@ -20,17 +22,30 @@ import (
 type imapBackend struct {
 	*auth.Authenticator
 	mailboxes *mailbox.Mailboxes
+	budget    *delivery.Budget
 }
 
 var _ imap.Backend = imapBackend{}
 
 func (b imapBackend) Mailboxes(ctx context.Context, user string) (imap.Mailboxes, error) {
-	return imapUser{b.mailboxes.User(user)}, nil
+	return imapUser{b.mailboxes.User(user), b.budget}, nil
 }
 
 // imapUser adapts mailbox.User, whose Select returns the concrete view,
 // to imap.Mailboxes.
-type imapUser struct{ *mailbox.User }
+type imapUser struct {
+	*mailbox.User
+	budget *delivery.Budget
+}
+
+// PutBody charges an APPEND literal to the body memory budget while it is
+// read and stored. An inline body stays in memory until its Append, at
+// most mailbox.InlineBodyMax per command, so its charge ends here too.
+func (u imapUser) PutBody(ctx context.Context, r io.Reader, size int64, inline bool) (mailbox.Body, error) {
+	hold := u.budget.Hold()
+	defer hold.Release()
+	return u.User.PutBody(ctx, hold.Reader(r), size, inline)
+}
 
 func (u imapUser) Select(ctx context.Context, name string, readOnly bool) (imap.View, mailbox.SelectInfo, error) {
 	v, info, err := u.User.Select(ctx, name, readOnly)
@@ -64,6 +79,10 @@ func (x imapServers) new(name string, implicit bool) *imap.Server {
 		AppendLimit:       x.cfg.Limits.MaxMessageBytes,
 		MaxErrors:         x.cfg.Limits.MaxErrors,
 		IdlePoll:          idlePoll(x.cfg),
+		UnauthTimeout:     x.cfg.Limits.PreauthTimeout.Duration,
+		HandshakeTimeout:  x.cfg.Limits.TLSHandshakeTimeout.Duration,
+		MinTransferRate:   x.cfg.Limits.MinTransferRate,
+		TransferGrace:     x.cfg.Limits.TransferGrace.Duration,
 	}
 }
 

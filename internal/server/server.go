@@ -44,6 +44,12 @@ const (
 	AdminAddrFile  = "admin.addr"  // where a running server's admin API listens
 )
 
+// bodyBudgetWait is how long a body waits for room in the body memory
+// budget before its client gets a temporary error: long enough for a
+// large body in flight to be stored, short enough that the client, whose
+// TCP window is closed meanwhile, does not give up first.
+const bodyBudgetWait = 30 * time.Second
+
 // protocolServer is what every protocol front end offers.
 type protocolServer interface {
 	Serve(net.Listener) error
@@ -118,7 +124,10 @@ func (s *Server) Start() (err error) {
 	// computes them (ADR 0007).
 	_, lazy := s.store.(store.MetaSetter)
 	lazy = lazy && !config.Enabled(cfg.Listeners.IMAP) && !config.Enabled(cfg.Listeners.IMAPS)
+	// One budget for every body in flight, SMTP, LMTP and IMAP APPEND.
+	budget := delivery.NewBudget(cfg.Limits.BodyMemoryBudget, bodyBudgetWait)
 	agent := delivery.NewAgent(s.store, delivery.Options{
+		Budget:              budget,
 		LazySummaries:       lazy,
 		Notifier:            hub,
 		Domains:             cfg.Domains,
@@ -147,6 +156,10 @@ func (s *Server) Start() (err error) {
 			MaxRecipients:     cfg.Limits.MaxRecipients,
 			MaxErrors:         cfg.Limits.MaxErrors,
 			ReadTimeout:       cfg.Limits.CommandTimeout.Duration,
+			PreauthTimeout:    cfg.Limits.PreauthTimeout.Duration,
+			HandshakeTimeout:  cfg.Limits.TLSHandshakeTimeout.Duration,
+			MinTransferRate:   cfg.Limits.MinTransferRate,
+			TransferGrace:     cfg.Limits.TransferGrace.Duration,
 		}
 	}
 	// One maildrop service for every POP3 listener: its lock is per user.
@@ -161,10 +174,12 @@ func (s *Server) Start() (err error) {
 			Limiter:           limiter,
 			MaxErrors:         cfg.Limits.MaxErrors,
 			ReadTimeout:       cfg.Limits.POP3IdleTimeout.Duration,
+			UnauthTimeout:     cfg.Limits.PreauthTimeout.Duration,
+			HandshakeTimeout:  cfg.Limits.TLSHandshakeTimeout.Duration,
 		}
 	}
 	imapSrv := imapServers{cfg: cfg, log: s.log, reg: s.reg, tls: tlsConfig, limiter: limiter,
-		backend: imapBackend{authn, mailbox.NewMailboxes(s.store, hub)}}
+		backend: imapBackend{authn, mailbox.NewMailboxes(s.store, hub), budget}}
 	l := cfg.Listeners
 	for _, x := range []struct {
 		name, network, addr string

@@ -58,6 +58,7 @@ func (s *session) auth(arg string) error {
 		return err
 	}
 	s.user = user
+	s.setCommandTimeout()
 	s.log = s.log.With("user", user)
 	s.log.Info("authenticated")
 	s.writeReply(reply{235, "2.7.0", "Authentication successful"})

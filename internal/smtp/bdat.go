@@ -30,6 +30,9 @@ func (s *session) bdat(arg string) error {
 	prev := s.conn.ReadTimeout()
 	s.conn.SetReadTimeout(s.lim.dataTimeout)
 	defer s.conn.SetReadTimeout(prev)
+	// One transfer spans every chunk and the BDAT commands between them.
+	s.conn.BeginTransfer(s.lim.minRate, s.lim.transferGrace)
+	defer s.conn.EndTransfer()
 	if err != nil {
 		s.tx = nil
 		if _, derr := io.CopyN(io.Discard, s.conn.Reader(), size); derr != nil {
@@ -47,8 +50,7 @@ func (s *session) bdat(arg string) error {
 		}
 	}
 	if st.ioErr != nil {
-		s.log.Info("connection failed during BDAT", "err", st.ioErr)
-		s.closing = true
+		s.bodyFailed("BDAT", st.ioErr)
 		return nil
 	}
 	if errors.Is(err, errBDATAborted) {

@@ -39,6 +39,10 @@ var (
 	errBDATAborted = errors.New("smtp: BDAT transaction interrupted by another command")
 )
 
+// errTooManyRecipients answers a RCPT over MaxRecipients (RFC 5321 section
+// 4.5.3.1.10); it is not counted toward MaxErrors.
+var errTooManyRecipients = errReply(452, "4.5.3", "Too many recipients")
+
 var genericTempFailure = reply{451, "4.3.0", "Temporary failure, please try again later"}
 
 // replyFor is the one place that turns an error into what the client sees.
@@ -77,6 +81,8 @@ func replyFor(err error) (r reply, known bool) {
 		return reply{500, "5.5.2", "Message line too long"}, true
 	case errors.Is(err, errBDATAborted):
 		return reply{503, "5.5.1", "BDAT transaction aborted"}, true
+	case errors.Is(err, delivery.ErrBusy):
+		return reply{451, "4.3.1", "Insufficient system resources, try again later"}, true
 	case errors.Is(err, context.Canceled):
 		return reply{421, "4.3.2", "Service shutting down"}, true
 	}

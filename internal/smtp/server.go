@@ -96,6 +96,20 @@ const (
 	DefaultDataTimeout = 10 * time.Minute
 	// DefaultWriteTimeout bounds each write to a client.
 	DefaultWriteTimeout = 1 * time.Minute
+	// DefaultHandshakeTimeout bounds a TLS handshake (implicit TLS and
+	// STARTTLS): a real client completes one in well under a second.
+	DefaultHandshakeTimeout = 30 * time.Second
+	// DefaultPreauthTimeout is the command timeout before a client has
+	// said EHLO/HELO/LHLO (MX, LMTP) or authenticated (submission). A
+	// real MTA sends EHLO at once after the greeting, a real MUA
+	// authenticates within seconds; RFC 5321's 5 minutes then apply.
+	DefaultPreauthTimeout = time.Minute
+	// DefaultMinTransferRate and DefaultTransferGrace bound how slowly a
+	// message body may arrive (textconn.Conn.BeginTransfer): 1 KiB/s is
+	// 8 kbit/s, below any link still in use, after 30 s for TCP slow start
+	// and a client that composes the body as it sends it.
+	DefaultMinTransferRate = 1 << 10
+	DefaultTransferGrace   = 30 * time.Second
 	// maxAuthLineLength is the longest AUTH command or SASL response, RFC
 	// 4954 section 4.
 	maxAuthLineLength = 12288
@@ -126,11 +140,18 @@ type Server struct {
 	MaxDataLineLength     int   // message text line, CRLF excluded
 	MaxMessageBytes       int64 // message as received, trace fields excluded
 	MaxRecipients         int
-	MaxErrors             int // failed commands before 421
-	MaxCommandsBeforeAuth int // submission only
-	ReadTimeout           time.Duration
-	DataTimeout           time.Duration
+	MaxErrors             int           // failed commands before 421
+	MaxCommandsBeforeAuth int           // submission only
+	ReadTimeout           time.Duration // awaiting a command once identified or authenticated
+	PreauthTimeout        time.Duration // awaiting a command before (DefaultPreauthTimeout)
+	DataTimeout           time.Duration // each read of a message body
 	WriteTimeout          time.Duration
+	HandshakeTimeout      time.Duration
+	// MinTransferRate (octets per second) and TransferGrace bound the
+	// whole of a DATA or BDAT body: a client slower than that is told
+	// 421 4.4.2 and disconnected, and nothing is delivered.
+	MinTransferRate int64
+	TransferGrace   time.Duration
 
 	once sync.Once
 	lim  limits
@@ -140,8 +161,9 @@ type Server struct {
 // limits are the effective limits, defaults applied.
 type limits struct {
 	maxLine, maxDataLine, maxRecipients, maxErrors, maxBeforeAuth int
-	maxMessage                                                    int64
-	readTimeout, dataTimeout, writeTimeout                        time.Duration
+	maxMessage, minRate                                           int64
+	readTimeout, preauthTimeout, dataTimeout, writeTimeout        time.Duration
+	handshakeTimeout, transferGrace                               time.Duration
 }
 
 func orDefault[T int | int64 | time.Duration](v, def T) T {
@@ -154,15 +176,19 @@ func orDefault[T int | int64 | time.Duration](v, def T) T {
 func (s *Server) init() {
 	s.once.Do(func() {
 		s.lim = limits{
-			maxLine:       orDefault(s.MaxLineLength, DefaultMaxLineLength),
-			maxDataLine:   orDefault(s.MaxDataLineLength, DefaultMaxDataLineLength),
-			maxRecipients: orDefault(s.MaxRecipients, DefaultMaxRecipients),
-			maxErrors:     orDefault(s.MaxErrors, DefaultMaxErrors),
-			maxBeforeAuth: orDefault(s.MaxCommandsBeforeAuth, DefaultMaxCommandsBeforeAuth),
-			maxMessage:    orDefault(s.MaxMessageBytes, DefaultMaxMessageBytes),
-			readTimeout:   orDefault(s.ReadTimeout, DefaultReadTimeout),
-			dataTimeout:   orDefault(s.DataTimeout, DefaultDataTimeout),
-			writeTimeout:  orDefault(s.WriteTimeout, DefaultWriteTimeout),
+			maxLine:          orDefault(s.MaxLineLength, DefaultMaxLineLength),
+			maxDataLine:      orDefault(s.MaxDataLineLength, DefaultMaxDataLineLength),
+			maxRecipients:    orDefault(s.MaxRecipients, DefaultMaxRecipients),
+			maxErrors:        orDefault(s.MaxErrors, DefaultMaxErrors),
+			maxBeforeAuth:    orDefault(s.MaxCommandsBeforeAuth, DefaultMaxCommandsBeforeAuth),
+			maxMessage:       orDefault(s.MaxMessageBytes, DefaultMaxMessageBytes),
+			readTimeout:      orDefault(s.ReadTimeout, DefaultReadTimeout),
+			dataTimeout:      orDefault(s.DataTimeout, DefaultDataTimeout),
+			writeTimeout:     orDefault(s.WriteTimeout, DefaultWriteTimeout),
+			minRate:          orDefault(s.MinTransferRate, DefaultMinTransferRate),
+			transferGrace:    orDefault(s.TransferGrace, DefaultTransferGrace),
+			preauthTimeout:   orDefault(s.PreauthTimeout, DefaultPreauthTimeout),
+			handshakeTimeout: orDefault(s.HandshakeTimeout, DefaultHandshakeTimeout),
 		}
 		s.srv = textconn.Server{
 			Name:       s.Mode.String(),
@@ -222,10 +248,11 @@ func (s *Server) handle(ctx context.Context, nc net.Conn, shutdown <-chan struct
 		maxLine = max(maxLine, maxAuthLineLength)
 	}
 	conn := textconn.New(nc, textconn.Options{
-		MaxLine:      maxLine,
-		ReadTimeout:  s.lim.readTimeout,
-		WriteTimeout: s.lim.writeTimeout,
-		Metrics:      s.Metrics,
+		MaxLine:          maxLine,
+		ReadTimeout:      s.lim.preauthTimeout,
+		WriteTimeout:     s.lim.writeTimeout,
+		HandshakeTimeout: s.lim.handshakeTimeout,
+		Metrics:          s.Metrics,
 	})
 	defer conn.Release()
 	stop := conn.WatchShutdown(shutdown)

@@ -201,7 +201,11 @@ func (s *session) command(line string) {
 	}
 	if s.lastCode >= 400 && !s.closing {
 		s.srv.Metrics.CommandError(metricName(verb))
-		if verb != "DATA" && verb != "BDAT" {
+		// A refused body is not a client error, and neither is the
+		// recipient limit: RFC 5321 section 4.5.3.1.10 expects the client
+		// to send the rest in another transaction, so counting it would
+		// close the session before a message to many recipients is sent.
+		if verb != "DATA" && verb != "BDAT" && err != errTooManyRecipients {
 			s.countError()
 		}
 	}
@@ -270,6 +274,7 @@ func (s *session) hello(cmd command) error {
 	s.tx = nil
 	s.helo = cmd.arg
 	s.esmtp = cmd.verb != "HELO"
+	s.setCommandTimeout()
 	if !s.esmtp {
 		s.writeReply(reply{250, "", s.srv.Hostname})
 		return nil
@@ -321,7 +326,24 @@ func (s *session) startTLS(arg string) error {
 	}
 	// RFC 3207 section 4.2: forget everything learnt before TLS.
 	s.helo, s.esmtp, s.user, s.tx = "", false, "", nil
+	s.setCommandTimeout()
 	return nil
+}
+
+// setCommandTimeout applies the command timeout of the session's phase:
+// PreauthTimeout until the client has identified itself (MX, LMTP) or
+// authenticated (submission), RFC 5321 section 4.5.3.2.7's ReadTimeout
+// afterwards.
+func (s *session) setCommandTimeout() {
+	pre := s.helo == ""
+	if s.srv.Mode == ModeSubmission {
+		pre = s.user == ""
+	}
+	if pre {
+		s.conn.SetReadTimeout(s.lim.preauthTimeout)
+	} else {
+		s.conn.SetReadTimeout(s.lim.readTimeout)
+	}
 }
 
 // authOffered reports whether AUTH may be used now (RFC 8314 section 3.3 /
@@ -375,7 +397,7 @@ func (s *session) rcpt(arg string) error {
 		return err
 	}
 	if len(s.tx.rcpts) >= s.lim.maxRecipients {
-		return errReply(452, "4.5.3", "Too many recipients")
+		return errTooManyRecipients
 	}
 	if addr.Domain == "" {
 		// RFC 5321 section 4.5.1: "postmaster" without a domain is this
@@ -430,16 +452,35 @@ func (s *session) data(arg string) error {
 	prev := s.conn.ReadTimeout()
 	s.conn.SetReadTimeout(s.lim.dataTimeout)
 	defer s.conn.SetReadTimeout(prev)
+	s.conn.BeginTransfer(s.lim.minRate, s.lim.transferGrace)
+	defer s.conn.EndTransfer()
 
 	body := newDataReader(s.conn.Reader(), s.lim.maxMessage, s.lim.maxDataLine)
 	results, err := s.deliver(body, func() bool { return body.eofSeen })
 	if derr := body.drain(); derr != nil {
-		s.log.Info("connection failed during DATA", "err", derr)
-		s.closing = true
+		s.bodyFailed("DATA", derr)
 		return nil
 	}
 	s.finish(results, err)
 	return nil
+}
+
+// bodyFailed ends the session after the connection failed while a body
+// was read: nothing was delivered, and the client, if it is still there
+// (a timeout, a transfer below the minimum rate), is told why
+// (RFC 5321 section 4.5.3.2: 421 and close).
+func (s *session) bodyFailed(verb string, err error) {
+	s.closing = true
+	switch {
+	case errors.Is(err, textconn.ErrTooSlow):
+		s.log.Info("transfer too slow during "+verb, "err", err)
+		s.writeReply(reply{421, "4.4.2", s.srv.Hostname + " Transfer too slow, closing connection"})
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		s.log.Info("timeout during "+verb, "err", err)
+		s.writeReply(reply{421, "4.4.2", s.srv.Hostname + " Timeout, closing connection"})
+	default:
+		s.log.Info("connection failed during "+verb, "err", err)
+	}
 }
 
 // deliver hands the message to the Backend: trace fields (RFC 5321 section

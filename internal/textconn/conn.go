@@ -29,6 +29,12 @@ var ErrLineTooLong = errors.New("textconn: line too long")
 // should say goodbye (421, -ERR, * BYE) and return.
 var ErrShutdown = errors.New("textconn: server shutting down")
 
+// ErrTooSlow is returned by reads during a transfer (BeginTransfer) once
+// the peer has fallen below the minimum rate. It satisfies
+// errors.Is(err, os.ErrDeadlineExceeded), so callers that handle timeouts
+// handle it too; the connection is out of step and must be closed.
+var ErrTooSlow = fmt.Errorf("textconn: transfer slower than the minimum rate: %w", os.ErrDeadlineExceeded)
+
 // Options bound a Conn. Zero durations mean no deadline.
 type Options struct {
 	MaxLine      int           // longest accepted line in octets, CRLF excluded
@@ -39,7 +45,19 @@ type Options struct {
 	// Metrics, if not nil, counts the bytes received and sent on the wire
 	// (TLS records included).
 	Metrics *Metrics
+	// ReleaseIdle hands the input buffer back to its pool whenever
+	// ReadLine waits for a client with nothing buffered, and the output
+	// buffer whenever Flush empties it, and takes them again when needed:
+	// an idle connection then holds idleReadSize octets instead of its
+	// buffers (IMAP's line buffer is 64 KiB). It costs a pool round trip per command, and a second read
+	// for a command longer than idleReadSize. A caller that keeps what
+	// Reader returned across a ReadLine must not set it.
+	ReleaseIdle bool
 }
+
+// idleReadSize is the read buffer of a connection that released its
+// buffers (Options.ReleaseIdle): it holds most commands whole.
+const idleReadSize = 512
 
 // DefaultMaxLine is used when Options.MaxLine is not positive.
 const DefaultMaxLine = 8192
@@ -61,12 +79,19 @@ type Conn struct {
 	wrapped bool
 	// dirty is set when bytes went into rw since its last Flush, so that
 	// an idle Flush does not make a wrapper emit an empty block.
-	dirty  bool
-	br     *bufio.Reader
-	bw     *bufio.Writer
-	opts   Options
-	remote netip.AddrPort
-	tls    *tls.ConnectionState
+	dirty bool
+	// br and bw are nil while released (Options.ReleaseIdle); reader and
+	// writer take them again, of sizes rsize and wsize.
+	br           *bufio.Reader
+	bw           *bufio.Writer
+	rsize, wsize int
+	// idle receives the first input after the buffers were released;
+	// pending is what of it br has not consumed yet (inputReader).
+	idle    [idleReadSize]byte
+	pending []byte
+	opts    Options
+	remote  netip.AddrPort
+	tls     *tls.ConnectionState
 
 	readTimeout time.Duration
 	// lineDeadline is true while ReadLine runs: the deadline it set covers
@@ -75,6 +100,9 @@ type Conn struct {
 	// rdl and wdl are the read and write deadlines last set on raw (zero:
 	// unknown or none), so that renewing one can be skipped: see renew.
 	rdl, wdl time.Time
+	// xfer is the minimum-rate accounting of a transfer (BeginTransfer);
+	// rate 0 when none is in progress.
+	xfer transfer
 
 	mu struct {
 		sync.Mutex
@@ -99,9 +127,48 @@ func New(c net.Conn, opts Options) *Conn {
 	tc.remote = addrPort(c.RemoteAddr())
 	// The buffer must hold a maximal line plus CRLF so that ReadSlice can
 	// return it whole; 4 KiB keeps syscalls few for short lines.
-	tc.br = newReader(deadlineReader{tc}, max(4096, opts.MaxLine+2))
-	tc.bw = newWriter(deadlineWriter{tc}, 4096)
+	tc.rsize, tc.wsize = max(4096, opts.MaxLine+2), 4096
+	tc.br = newReader(inputReader{tc}, tc.rsize)
+	tc.bw = newWriter(deadlineWriter{tc}, tc.wsize)
 	return tc
+}
+
+// reader returns the input buffer, taking one from the pool if released.
+func (c *Conn) reader() *bufio.Reader {
+	if c.br == nil {
+		c.br = newReader(inputReader{c}, c.rsize)
+	}
+	return c.br
+}
+
+// writer returns the output buffer, taking one from the pool if released.
+func (c *Conn) writer() *bufio.Writer {
+	if c.bw == nil {
+		c.bw = newWriter(deadlineWriter{c}, c.wsize)
+	}
+	return c.bw
+}
+
+// releaseInput hands back the input buffer of a connection about to wait
+// for input with none buffered (Options.ReleaseIdle). It touches only the
+// read side: a reader goroutine may wait in ReadLine while another writes
+// (IMAP IDLE). The output buffer is handed back by Flush.
+func (c *Conn) releaseInput() {
+	putReader(c.br)
+	c.br = nil
+}
+
+// inputReader is what br reads from: the input that arrived while the
+// buffers were released, then the network.
+type inputReader struct{ c *Conn }
+
+func (r inputReader) Read(p []byte) (int, error) {
+	if c := r.c; len(c.pending) > 0 {
+		n := copy(p, c.pending)
+		c.pending = c.pending[n:]
+		return n, nil
+	}
+	return deadlineReader(r).Read(p)
 }
 
 // readers and writers hold released buffers for reuse, one sync.Pool per
@@ -176,6 +243,7 @@ func (c *Conn) Release() {
 		putWriter(c.bw)
 		c.bw = nil
 	}
+	c.pending = nil
 }
 
 func addrPort(a net.Addr) netip.AddrPort {
@@ -199,6 +267,9 @@ type deadlineReader struct{ c *Conn }
 
 func (r deadlineReader) Read(p []byte) (int, error) {
 	c := r.c
+	if c.xfer.rate > 0 {
+		return c.transferRead(p)
+	}
 	if !c.lineDeadline && c.readTimeout > 0 {
 		if d, ok := renew(&c.rdl, c.readTimeout); ok {
 			_ = c.raw.SetReadDeadline(d)
@@ -247,6 +318,9 @@ func (c *Conn) setWriteDeadline() {
 // errors.Is(err, os.ErrDeadlineExceeded); after the shutdown signal the error
 // is ErrShutdown once no complete line is buffered.
 func (c *Conn) ReadLine() ([]byte, error) {
+	if c.opts.ReleaseIdle && c.br != nil && c.br.Buffered() == 0 {
+		c.releaseInput()
+	}
 	c.mu.Lock()
 	shutdown := c.mu.shutdown
 	switch {
@@ -254,6 +328,20 @@ func (c *Conn) ReadLine() ([]byte, error) {
 		// Serve complete lines already received; fail at once otherwise.
 		_ = c.raw.SetReadDeadline(time.Unix(1, 0))
 		c.rdl = time.Time{}
+	case c.xfer.rate > 0:
+		// Within a transfer (BDAT commands between chunks) the line gets
+		// no more than the rest of the transfer's allowance.
+		left := c.xfer.left()
+		if left <= 0 {
+			c.mu.Unlock()
+			return nil, ErrTooSlow
+		}
+		c.xfer.lineBound = c.readTimeout <= 0 || left < c.readTimeout
+		if !c.xfer.lineBound {
+			left = c.readTimeout
+		}
+		c.rdl = time.Now().Add(left)
+		_ = c.raw.SetReadDeadline(c.rdl)
 	case c.readTimeout > 0:
 		if d, ok := renew(&c.rdl, c.readTimeout); ok {
 			_ = c.raw.SetReadDeadline(d)
@@ -279,14 +367,30 @@ func (c *Conn) ReadLine() ([]byte, error) {
 	if err != nil && shutdown && errors.Is(err, os.ErrDeadlineExceeded) {
 		return nil, ErrShutdown
 	}
+	if err != nil && c.xfer.rate > 0 && c.xfer.lineBound && errors.Is(err, os.ErrDeadlineExceeded) {
+		err = ErrTooSlow
+	}
 	return line, err
 }
 
 func (c *Conn) readLine() ([]byte, error) {
-	line, err := c.br.ReadSlice('\n')
+	if c.br == nil {
+		// Wait for input in the small idle buffer, then take a real one.
+		var n int
+		var err error
+		for n == 0 && err == nil {
+			n, err = deadlineReader{c}.Read(c.idle[:])
+		}
+		if n == 0 {
+			return nil, err
+		}
+		c.pending = c.idle[:n]
+	}
+	br := c.reader()
+	line, err := br.ReadSlice('\n')
 	if errors.Is(err, bufio.ErrBufferFull) {
 		for errors.Is(err, bufio.ErrBufferFull) {
-			_, err = c.br.ReadSlice('\n')
+			_, err = br.ReadSlice('\n')
 		}
 		if err != nil {
 			return nil, err
@@ -313,6 +417,9 @@ func (c *Conn) readLine() ([]byte, error) {
 // reading it will not block. PIPELINING (RFC 2920 section 3.2) servers flush
 // their replies only when it is false.
 func (c *Conn) HasLine() bool {
+	if c.br == nil {
+		return false
+	}
 	n := c.br.Buffered()
 	if n == 0 {
 		return false
@@ -322,11 +429,83 @@ func (c *Conn) HasLine() bool {
 }
 
 // Buffered returns the number of input bytes already read ahead.
-func (c *Conn) Buffered() int { return c.br.Buffered() }
+func (c *Conn) Buffered() int {
+	if c.br == nil {
+		return 0
+	}
+	return c.br.Buffered()
+}
+
+// transfer is the state of a minimum-rate transfer. The peer is allowed
+// grace plus one second per rate octets received, and is charged only for
+// the time the server spends waiting for it in network reads: time the
+// server spends elsewhere (storing what it read, waiting for memory) is
+// not the peer's fault and does not count.
+type transfer struct {
+	rate      int64         // octets per second; 0: no transfer
+	grace     time.Duration // allowance before any octet arrives
+	n         int64         // octets received since BeginTransfer
+	spent     time.Duration // time spent waiting in network reads
+	lineBound bool          // ReadLine's deadline is the allowance's
+}
+
+// left returns what remains of the allowance.
+func (x *transfer) left() time.Duration {
+	allowed := x.grace + time.Duration(float64(x.n)/float64(x.rate)*float64(time.Second))
+	return allowed - x.spent
+}
+
+// BeginTransfer starts charging reads against a minimum rate: from now until
+// EndTransfer, the peer must keep the octets it sends at or above rate per
+// second after an initial grace, or reads fail with ErrTooSlow. The read
+// timeout still bounds each read. It is meant for message bodies and
+// literals (DATA, BDAT, APPEND), where a peer trickling octets would
+// otherwise hold the connection, and the transaction's resources, for
+// hours. A rate <= 0 disables the check.
+func (c *Conn) BeginTransfer(rate int64, grace time.Duration) {
+	c.xfer = transfer{rate: max(rate, 0), grace: grace}
+}
+
+// EndTransfer ends the transfer begun by BeginTransfer.
+func (c *Conn) EndTransfer() { c.xfer = transfer{} }
+
+// transferRead is one network read during a transfer: its deadline is the
+// earlier of the read timeout and the end of the allowance, unless
+// ReadLine has set one for the whole line.
+func (c *Conn) transferRead(p []byte) (int, error) {
+	x := &c.xfer
+	left := x.left()
+	if left <= 0 {
+		return 0, ErrTooSlow
+	}
+	start := time.Now()
+	bound := x.lineBound
+	if !c.lineDeadline {
+		bound = c.readTimeout <= 0 || left < c.readTimeout
+		if !bound {
+			left = c.readTimeout
+		}
+		// Skip re-arming the timer when the deadline moved later by a
+		// little (see renew): the peer may get up to grace/32 less.
+		d := start.Add(left)
+		if c.rdl.IsZero() || d.Before(c.rdl) || d.Sub(c.rdl) > x.grace/32 {
+			c.rdl = d
+			_ = c.raw.SetReadDeadline(d)
+		}
+	}
+	n, err := c.rw.Read(p)
+	x.spent += time.Since(start)
+	x.n += int64(n)
+	if err != nil && bound && errors.Is(err, os.ErrDeadlineExceeded) {
+		err = ErrTooSlow
+	}
+	return n, err
+}
 
 // Reader returns the buffered reader for message bodies and literals; the
 // caller bounds what it reads. Each network read gets the read timeout.
-func (c *Conn) Reader() *bufio.Reader { return c.br }
+// The reader is valid until the next ReadLine.
+func (c *Conn) Reader() *bufio.Reader { return c.reader() }
 
 // SetReadTimeout changes the read timeout for subsequent reads (for example
 // the longer DATA timeout, RFC 5321 section 4.5.3.2.5).
@@ -336,10 +515,10 @@ func (c *Conn) SetReadTimeout(d time.Duration) { c.readTimeout = d }
 func (c *Conn) ReadTimeout() time.Duration { return c.readTimeout }
 
 // Write buffers p.
-func (c *Conn) Write(p []byte) (int, error) { return c.bw.Write(p) }
+func (c *Conn) Write(p []byte) (int, error) { return c.writer().Write(p) }
 
 // WriteString buffers s.
-func (c *Conn) WriteString(s string) (int, error) { return c.bw.WriteString(s) }
+func (c *Conn) WriteString(s string) (int, error) { return c.writer().WriteString(s) }
 
 // GrowWriteBuffer makes the output buffer at least n octets, for a session
 // that is about to send message bodies: replies to pipelined retrievals
@@ -348,14 +527,17 @@ func (c *Conn) WriteString(s string) (int, error) { return c.bw.WriteString(s) }
 // call site, after a drained burst). The buffer never shrinks, so only
 // sessions that retrieve pay for it.
 func (c *Conn) GrowWriteBuffer(n int) error {
-	if c.bw.Size() >= n {
+	if c.wsize >= n {
 		return nil
 	}
-	if err := c.bw.Flush(); err != nil {
-		return err
+	if c.bw != nil {
+		if err := c.bw.Flush(); err != nil {
+			return err
+		}
+		putWriter(c.bw)
+		c.bw = nil
 	}
-	putWriter(c.bw)
-	c.bw = newWriter(deadlineWriter{c}, n)
+	c.wsize = n
 	return nil
 }
 
@@ -363,8 +545,14 @@ func (c *Conn) GrowWriteBuffer(n int) error {
 // A stream installed by Wrap that has a Flush() error method is flushed
 // too, after any output since its last flush.
 func (c *Conn) Flush() error {
-	if err := c.bw.Flush(); err != nil {
-		return err
+	if c.bw != nil {
+		if err := c.bw.Flush(); err != nil {
+			return err
+		}
+		if c.opts.ReleaseIdle {
+			putWriter(c.bw)
+			c.bw = nil
+		}
 	}
 	if f, ok := c.rw.(interface{ Flush() error }); ok && c.dirty {
 		c.setWriteDeadline()
@@ -392,7 +580,7 @@ var ErrPipelined = errors.New("textconn: input pipelined past a stream change")
 // compressor sends each response burst at once. On a flush error the
 // connection is unusable and must be closed.
 func (c *Conn) Wrap(f func(io.ReadWriter) io.ReadWriter) error {
-	if c.br.Buffered() > 0 {
+	if c.Buffered() > 0 {
 		return ErrPipelined
 	}
 	if err := c.Flush(); err != nil {
@@ -418,10 +606,13 @@ func (c *Conn) StartTLS(cfg *tls.Config) error {
 	if c.wrapped {
 		return errors.New("textconn: StartTLS beneath a wrapped stream")
 	}
-	if c.bw.Buffered() > 0 {
+	if c.bw != nil && c.bw.Buffered() > 0 {
 		return errors.New("textconn: StartTLS with unflushed output")
 	}
-	c.br.Reset(deadlineReader{c})
+	c.pending = nil
+	if c.br != nil {
+		c.br.Reset(inputReader{c})
+	}
 	tc := tls.Server(c.raw, cfg)
 	timeout := c.opts.HandshakeTimeout
 	if timeout == 0 {

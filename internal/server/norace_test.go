@@ -1,0 +1,6 @@
+//go:build !race
+
+package server
+
+// raceEnabled: the tests run under -race.
+const raceEnabled = false
