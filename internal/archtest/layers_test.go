@@ -50,6 +50,9 @@ var allowed = map[string][]string{
 	"internal/store/cassandra": {"internal/store"},
 	"internal/store/storetest": {"internal/store"},
 
+	// Cluster. The user map is pure computation on a membership view.
+	"internal/cluster/usermap": {},
+
 	// Leaves.
 	"internal/config":                {"internal/mail"},
 	"internal/textconn":              {},
