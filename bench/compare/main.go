@@ -417,8 +417,13 @@ func run(ctx context.Context, o options) (err error) {
 	for round := 0; round < o.rounds; round++ {
 		for _, t := range targets {
 			// The modes of a target run back to back, so that the ratio of
-			// their costs is measured in one round on one store.
-			for mi, m := range o.modes {
+			// their costs is measured in one round on one store; their
+			// order alternates from round to round, so that neither always
+			// runs first on a store (or a login cache) that the other then
+			// finds warmer.
+			for k := range o.modes {
+				mi := (k + round) % len(o.modes)
+				m := o.modes[mi]
 				cfg := t.mixConfig(base)
 				cfg.MessagesPerConn = m.perConn
 				cfg.Spec.Seed = seed + uint64(round)
@@ -435,7 +440,7 @@ func run(ctx context.Context, o options) (err error) {
 				if o.saturate {
 					err = saturateOnce(ctx, o, cfg, t, probe, res, saturation[m.name])
 				} else {
-					err = runOnce(ctx, o, cfg, t.name, round == 0 && mi == 0, qaddrs["admin"], qdata, res)
+					err = runOnce(ctx, o, cfg, t.name, round == 0 && k == 0, qaddrs["admin"], qdata, res)
 				}
 				ps := probe.finish()
 				if err != nil {
