@@ -93,7 +93,7 @@ func TestDisturbedRunsAndConnCost(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Clean rounds: 1.50 and 1.30; their median 1.40.
-	want := "quill: median 1.40x (0.300/0.200 ms = 1.50x; 0.900/0.200 ms = 4.50x*; 0.260/0.200 ms = 1.30x)"
+	want := "quill: median 1.40x (0.300/0.200 ms = 1.50x at 1000/1000; 0.900/0.200 ms = 4.50x* at 1000/1000; 0.260/0.200 ms = 1.30x at 1000/1000)"
 	if !strings.Contains(out.String(), want) {
 		t.Errorf("no %q in\n%s", want, out.String())
 	}
