@@ -97,7 +97,7 @@ func TestPrintRounds(t *testing.T) {
 		"quill": {{Syncs: 10, P99: 300 * time.Microsecond, Max: time.Millisecond}, {Syncs: 10, P99: 120 * time.Millisecond, Max: 400 * time.Millisecond}},
 	}
 	var out bytes.Buffer
-	if err := printRounds(&out, results, disk, false); err != nil {
+	if err := printRounds(&out, results, disk, false, 0.1); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{

@@ -12,6 +12,14 @@
 //
 //	go run ./bench/compare [--users 10000 --clients 16 --duration 20s --rounds 2] [--retrieval imap]
 //
+// Fair by default: every target runs both with one message per SMTP
+// connection (connect, EHLO, MAIL, RCPT, DATA, QUIT, as Porcupine and
+// postal do) and with persistent connections, in the same round, and the
+// report leads with the former (--conns); neither Quill nor Dovecot caches
+// verified logins (--auth-cache); Quill serves IMAP as Dovecot does; and a
+// run during which other processes took more than --max-other of the
+// machine is marked disturbed and left out of the medians.
+//
 // It installs the Debian packages it lacks (postfix, dovecot-core,
 // dovecot-pop3d, dovecot-lmtpd, dovecot-imapd), builds quill and
 // quill-sink from the tree, provisions the same users with the same
@@ -78,6 +86,36 @@ type options struct {
 	factor, maxShare float64
 	refine, retries  int
 	disturbed        int
+	// Fairness (see the package comment).
+	conns     string
+	modes     []connMode
+	authCache string
+	maxOther  float64
+}
+
+// connMode is how the generator uses SMTP connections in a run.
+type connMode struct {
+	name    string // "one" or "persistent"
+	perConn int    // loadgen.MixConfig.MessagesPerConn
+	heading string
+}
+
+var connModes = []connMode{
+	{"one", 1, "one message per SMTP connection (connect, EHLO, MAIL, RCPT, DATA, QUIT: as Porcupine and postal)"},
+	{"persistent", 0, "persistent SMTP connections (each client keeps its connection for the whole run)"},
+}
+
+// parseConns parses --conns: connection modes, comma-separated, in order.
+func parseConns(v string) ([]connMode, error) {
+	var out []connMode
+	for _, name := range strings.Split(v, ",") {
+		i := slices.IndexFunc(connModes, func(m connMode) bool { return m.name == name })
+		if i < 0 || slices.ContainsFunc(out, func(m connMode) bool { return m.name == name }) {
+			return nil, fmt.Errorf("--conns %q: want one or persistent, comma-separated, each once", v)
+		}
+		out = append(out, connModes[i])
+	}
+	return out, nil
 }
 
 // saturateClients is the default bound on transactions in flight in a
@@ -120,6 +158,12 @@ func main() {
 		"(the peer spawns its processes during the first steps)")
 	flag.IntVar(&o.disturbed, "disturbed", 3, "with --saturate: times in a search that a failing step is run again, besides --retries, "+
 		"because the disk probe saw an fdatasync longer than --latency-bound during it, for the targets that sync (0: never)")
+	flag.StringVar(&o.conns, "conns", "one,persistent", "SMTP connection modes, comma-separated, each run in every round: "+
+		"one (one message per connection, as Porcupine and postal) and persistent (a connection per client for the run); the report leads with the first")
+	flag.StringVar(&o.authCache, "auth-cache", "off", "credential cache of both servers: off (neither Quill nor Dovecot remembers a verified login) "+
+		"or a lifetime such as 5m (Quill's login cache and Dovecot's auth_cache, both for that long; Dovecot's cache keeps the hash and still runs the KDF at every login)")
+	flag.Float64Var(&o.maxOther, "max-other", 0.10, "mark a run disturbed, and leave it out of the medians, when processes other than the servers under test and the harness "+
+		"used more than this share of the machine's CPU during its load (from /proc/stat)")
 	flag.Parse()
 	if o.saturate {
 		clientsSet := false
@@ -168,6 +212,13 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	if o.saturate && (o.rate != 0 || o.cpuprofile != "") {
 		return errors.New("--saturate chooses the rates itself and profiles nothing: drop --rate and --cpuprofile")
+	}
+	if o.modes, err = parseConns(o.conns); err != nil {
+		return err
+	}
+	authTTL, err := parseAuthCache(o.authCache)
+	if err != nil {
+		return err
 	}
 	// wanted reports whether target name runs. The mail floors serve POP3
 	// only, so an IMAP mix leaves them out.
@@ -271,17 +322,17 @@ func run(ctx context.Context, o options) (err error) {
 			return fmt.Errorf("provisioning quill: %w", err)
 		}
 		fmt.Fprintf(os.Stderr, "compare: provisioned %d users in quill's store in %v\n", len(all), time.Since(t0).Round(time.Millisecond))
-		// IMAP is served only when the mix retrieves with it, so that POP3
-		// runs start Quill as they always did.
-		imapAddr := "off"
-		if o.retrieval == loadgen.RetrievalIMAP {
-			imapAddr = "127.0.0.1:0"
-		}
+		// IMAP is served whatever the mix retrieves with, as Dovecot
+		// serves it: with IMAP on, Quill stores a summary of every
+		// message it delivers, and the peer's work includes its own.
+		imapAddr := "127.0.0.1:0"
 		// All the load comes from 127.0.0.1: the per-address connection
 		// limit (100 by default) must not bind before the machine does,
-		// as the peer's process limits do not (peer.go).
+		// as the peer's process limits do not (peer.go). The login cache
+		// is Dovecot's (--auth-cache): off, or the same lifetime.
 		qcfg := filepath.Join(root, "quill.toml")
-		if err := os.WriteFile(qcfg, []byte("[limits]\nmax_connections_per_ip = 5000\n"), 0o644); err != nil {
+		qtoml := fmt.Sprintf("[limits]\nmax_connections_per_ip = 5000\n\n[auth]\ncache_ttl = %q\n", quillCacheTTL(authTTL))
+		if err := os.WriteFile(qcfg, []byte(qtoml), 0o644); err != nil {
 			return err
 		}
 		var quill *child
@@ -298,7 +349,7 @@ func run(ctx context.Context, o options) (err error) {
 			procs: map[string]int{"quill": quill.pid()}, alive: quill.running, syncs: true})
 	}
 	if wanted("peer") {
-		pr, err := startPeer(ctx, root, domain, all, hash)
+		pr, err := startPeer(ctx, root, domain, all, hash, authTTL)
 		if err != nil {
 			return err
 		}
@@ -343,9 +394,15 @@ func run(ctx context.Context, o options) (err error) {
 		return errors.New("--only: nothing to run (the mail floors serve POP3 only)")
 	}
 
-	results := map[string][]loadgen.MixSummary{}
-	saturation := map[string][]loadgen.SaturationResult{}
-	disk := map[string][]probeStats{}
+	// Per connection mode, per target, a summary per round.
+	results := map[string]map[string][]loadgen.MixSummary{}
+	saturation := map[string]map[string][]loadgen.SaturationResult{}
+	disk := map[string]map[string][]probeStats{}
+	for _, m := range o.modes {
+		results[m.name] = map[string][]loadgen.MixSummary{}
+		saturation[m.name] = map[string][]loadgen.SaturationResult{}
+		disk[m.name] = map[string][]probeStats{}
+	}
 	probe, err := newDiskProbe(root)
 	if err != nil {
 		return fmt.Errorf("disk probe: %w", err)
@@ -359,39 +416,50 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	for round := 0; round < o.rounds; round++ {
 		for _, t := range targets {
-			cfg := t.mixConfig(base)
-			cfg.Spec.Seed = seed + uint64(round)
-			cfg.Spec.RunID = fmt.Sprintf("%s-r%d-%s", strconv.FormatUint(seed, 36), round, t.name)
-			if err := t.alive(); err != nil {
-				return err
-			}
-			writeBack()
-			fmt.Fprintf(os.Stderr, "compare: round %d: %s ...\n", round+1, t.name)
-			ran := len(results[t.name])
-			probe.start(diskProbeInterval)
-			var err error
-			if o.saturate {
-				err = saturateOnce(ctx, o, cfg, t, probe, results, saturation)
-			} else {
-				err = runOnce(ctx, o, cfg, t.name, round == 0, qaddrs["admin"], qdata, results)
-			}
-			ps := probe.finish()
-			if err != nil {
-				return fmt.Errorf("%s round %d: %w", t.name, round+1, err)
-			}
-			fmt.Fprintf(os.Stderr, "compare: %s round %d: %v\n", t.name, round+1, ps)
-			if len(results[t.name]) > ran { // a search that passed no rate adds no run
-				disk[t.name] = append(disk[t.name], ps)
-			}
-			if t.settle != nil {
-				if err := t.settle(ctx); err != nil {
+			// The modes of a target run back to back, so that the ratio of
+			// their costs is measured in one round on one store; their
+			// order alternates from round to round, so that neither always
+			// runs first on a store (or a login cache) that the other then
+			// finds warmer.
+			for k := range o.modes {
+				mi := (k + round) % len(o.modes)
+				m := o.modes[mi]
+				cfg := t.mixConfig(base)
+				cfg.MessagesPerConn = m.perConn
+				cfg.Spec.Seed = seed + uint64(round)
+				cfg.Spec.RunID = fmt.Sprintf("%s-r%d-%s-%s", strconv.FormatUint(seed, 36), round, t.name, m.name)
+				if err := t.alive(); err != nil {
 					return err
+				}
+				writeBack()
+				fmt.Fprintf(os.Stderr, "compare: round %d: %s, %s ...\n", round+1, t.name, m.heading)
+				res := results[m.name]
+				ran := len(res[t.name])
+				probe.start(diskProbeInterval)
+				var err error
+				if o.saturate {
+					err = saturateOnce(ctx, o, cfg, t, probe, res, saturation[m.name])
+				} else {
+					err = runOnce(ctx, o, cfg, t.name, round == 0 && k == 0, qaddrs["admin"], qdata, res)
+				}
+				ps := probe.finish()
+				if err != nil {
+					return fmt.Errorf("%s round %d (%s): %w", t.name, round+1, m.name, err)
+				}
+				fmt.Fprintf(os.Stderr, "compare: %s round %d (%s): %v\n", t.name, round+1, m.name, ps)
+				if len(res[t.name]) > ran { // a search that passed no rate adds no run
+					disk[m.name][t.name] = append(disk[m.name][t.name], ps)
+				}
+				if t.settle != nil {
+					if err := t.settle(ctx); err != nil {
+						return err
+					}
 				}
 			}
 		}
 	}
 	if o.out != "" {
-		out := map[string]any{"options": fmt.Sprintf("%+v", o), "machine": machine(), "results": results, "disk_probe": disk}
+		out := map[string]any{"options": fmt.Sprintf("%+v", o), "machine": machine(), "results_by_conns": results, "disk_probe_by_conns": disk}
 		if o.saturate {
 			out["saturation"] = saturation
 		}
@@ -407,6 +475,12 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	fmt.Printf("workload: %d users, zipf s=%v, sizes %s, %.0f%% %s, %s, %d rounds\n",
 		o.users, o.zipf, o.sizes, 100*o.pop3Share, strings.ToUpper(o.retrieval), runs, o.rounds)
+	cache := "no credential cache on either server (every login runs argon2id)"
+	if authTTL > 0 {
+		cache = fmt.Sprintf("credential caches of %v on both servers (Quill's login cache, Dovecot's auth_cache)", authTTL)
+	}
+	fmt.Printf("fairness: %s; Quill serves IMAP as Dovecot does; a run is disturbed when other processes used more than %.0f%% of the machine during its load\n",
+		cache, 100*o.maxOther)
 	if o.saturate {
 		fmt.Printf("saturation search: open loop from %.0f tx/s, x%v per step (a failure retried %d times), %d refinements, %v steps;\n"+
 			"a rate passes when at most %.0f%% of its SMTP transactions failed, never started or took longer than %v;\n"+
@@ -414,12 +488,46 @@ func run(ctx context.Context, o options) (err error) {
 			"each column is the run at the highest rate that passed\n",
 			o.startRate, o.factor, o.retries, o.refine, o.step, 100*o.maxShare, o.bound, o.disturbed)
 	}
-	fmt.Println()
-	if err := printComparison(os.Stdout, results); err != nil {
-		return err
+	for _, m := range o.modes {
+		fmt.Printf("\n== %s\n", m.heading)
+		kept, dropped, total := undisturbed(results[m.name], o.maxOther)
+		if dropped > 0 {
+			fmt.Printf("%d of %d runs disturbed (others used more than %.0f%% of the machine): left out of the medians\n", dropped, total, 100*o.maxOther)
+		}
+		if err := printComparison(os.Stdout, kept); err != nil {
+			return err
+		}
+		fmt.Println()
+		if err := printRounds(os.Stdout, results[m.name], disk[m.name], o.saturate, o.maxOther); err != nil {
+			return err
+		}
 	}
-	fmt.Println()
-	return printRounds(os.Stdout, results, disk, o.saturate)
+	if len(o.modes) > 1 {
+		fmt.Println()
+		return printConnCost(os.Stdout, o.modes[0].name, o.modes[1].name, results, o.maxOther)
+	}
+	return nil
+}
+
+// parseAuthCache parses --auth-cache: 0 for off, else the lifetime.
+func parseAuthCache(v string) (time.Duration, error) {
+	if v == "off" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("--auth-cache %q: want off or a positive duration such as 5m", v)
+	}
+	return d, nil
+}
+
+// quillCacheTTL is Quill's auth.cache_ttl for a credential cache lifetime
+// (0: off, which Quill spells as a negative duration).
+func quillCacheTTL(d time.Duration) string {
+	if d <= 0 {
+		return "-1s"
+	}
+	return d.String()
 }
 
 // diskProbeInterval is how often the disk probe syncs during a run.

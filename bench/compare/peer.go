@@ -28,8 +28,9 @@ type peer struct {
 }
 
 // startPeer configures and starts Dovecot and Postfix for domain and the
-// users of passwd (address -> password hash in PHC form).
-func startPeer(ctx context.Context, root, domain string, users []string, hash string) (*peer, error) {
+// users of passwd (address -> password hash in PHC form), with a credential
+// cache of lifetime authTTL (0: none).
+func startPeer(ctx context.Context, root, domain string, users []string, hash string, authTTL time.Duration) (*peer, error) {
 	p := &peer{root: root}
 	smtpPort, err1 := freePort()
 	lmtpPort, err2 := freePort()
@@ -44,7 +45,7 @@ func startPeer(ctx context.Context, root, domain string, users []string, hash st
 	p.pop3Addr = fmt.Sprintf("127.0.0.1:%d", pop3Port)
 	p.imapAddr = fmt.Sprintf("127.0.0.1:%d", imapPort)
 	lmtpAddr := fmt.Sprintf("127.0.0.1:%d", lmtpPort)
-	if err := p.startDovecot(ctx, domain, users, hash, lmtpPort, pop3Port, imapPort); err != nil {
+	if err := p.startDovecot(ctx, domain, users, hash, authTTL, lmtpPort, pop3Port, imapPort); err != nil {
 		p.stop(ctx)
 		return nil, err
 	}
@@ -55,7 +56,7 @@ func startPeer(ctx context.Context, root, domain string, users []string, hash st
 	return p, nil
 }
 
-func (p *peer) startDovecot(ctx context.Context, domain string, users []string, hash string, lmtpPort, pop3Port, imapPort int) error {
+func (p *peer) startDovecot(ctx context.Context, domain string, users []string, hash string, authTTL time.Duration, lmtpPort, pop3Port, imapPort int) error {
 	dir := filepath.Join(p.root, "dovecot")
 	mail := filepath.Join(p.root, "maildirs")
 	for _, d := range []string{dir, filepath.Join(dir, "run"), filepath.Join(dir, "state"), mail} {
@@ -81,7 +82,7 @@ func (p *peer) startDovecot(ctx context.Context, domain string, users []string, 
 	if err := os.WriteFile(passwd, []byte(pw.String()), 0o644); err != nil {
 		return err
 	}
-	conf := fmt.Sprintf(`# Private Dovecot for the Quill benchmark (bench/compare).
+	conf := dovecotAuthCache(authTTL) + fmt.Sprintf(`# Private Dovecot for the Quill benchmark (bench/compare).
 protocols = pop3 imap lmtp
 listen = 127.0.0.1
 base_dir = %[1]s/run
@@ -338,4 +339,18 @@ func tail(b []byte) string {
 		b = b[len(b)-4096:]
 	}
 	return string(b)
+}
+
+// dovecotAuthCache is the auth cache section of dovecot.conf: Dovecot's
+// equivalent of Quill's login cache (auth.cache_ttl), off or with the same
+// lifetime. Dovecot's cache keeps the passdb's answer, the stored hash, and
+// still verifies every login against it: a hit saves the passwd-file lookup,
+// not the argon2id run, which the auth workers then share (Quill's cache
+// skips the KDF). Negative answers are not cached, as Quill caches none.
+func dovecotAuthCache(ttl time.Duration) string {
+	if ttl <= 0 {
+		return "# No credential cache, as Quill runs with none (--auth-cache off).\nauth_cache_size = 0\n"
+	}
+	return fmt.Sprintf("# The credential cache, as long as Quill's (--auth-cache).\n"+
+		"auth_cache_size = 64M\nauth_cache_ttl = %d s\nauth_cache_negative_ttl = 0\nauth_cache_verify_password_with_worker = yes\n", int(ttl.Seconds()))
 }

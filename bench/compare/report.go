@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -38,6 +39,9 @@ var figures = []figure{
 			t += c.PerDelivered
 		}
 		return ms(t), len(s.CPU) > 0
+	}},
+	{"smtp connections / msg", func(s *loadgen.MixSummary) (float64, bool) {
+		return float64(s.SMTP.Connections) / float64(s.SMTP.Attempted), s.SMTP.Attempted > 0
 	}},
 	{"cpu s during load", func(s *loadgen.MixSummary) (float64, bool) {
 		var t time.Duration
@@ -199,15 +203,122 @@ func cutField(line string) (string, string, bool) {
 
 func trimNL(s string) string { return strings.TrimRight(s, "\n") }
 
+// disturbed reports whether other processes took more than maxOther of the
+// machine's CPU during s's load, and what share they took.
+func disturbed(s *loadgen.MixSummary, maxOther float64) (float64, bool) {
+	if s.Machine == nil {
+		return 0, false
+	}
+	return s.Machine.OtherShare, s.Machine.OtherShare > maxOther
+}
+
+// undisturbed returns results without the disturbed runs (see disturbed),
+// except that a target whose every run was disturbed keeps them all, and
+// counts the runs left out and all runs.
+func undisturbed(results map[string][]loadgen.MixSummary, maxOther float64) (kept map[string][]loadgen.MixSummary, dropped, total int) {
+	kept = make(map[string][]loadgen.MixSummary, len(results))
+	for name, runs := range results {
+		var ok []loadgen.MixSummary
+		for i := range runs {
+			if _, d := disturbed(&runs[i], maxOther); !d {
+				ok = append(ok, runs[i])
+			}
+		}
+		if len(ok) == 0 {
+			ok = runs
+		}
+		kept[name] = ok
+		dropped += len(runs) - len(ok)
+		total += len(runs)
+	}
+	return kept, dropped, total
+}
+
+// cpuPerMsg is the figure the connection cost is judged by: server CPU per
+// delivered message, the least sensitive to a shared machine.
+var cpuPerMsg = figureNamed("cpu ms / delivered msg")
+
+// printConnCost prints, per target, the server's CPU per delivered message
+// in connection mode a over that in mode b, round by round (the two runs
+// of a round are back to back on the same store) with the two runs'
+// delivered (or accepted) rates, and its median over the rounds where
+// neither run was disturbed (all rounds if none is). In closed loop the
+// two rates differ, and a server's CPU per message falls as its rate rises
+// (a group commit shares one fdatasync among more messages): an open-loop
+// run (--rate) compares the modes at one rate.
+func printConnCost(w io.Writer, a, b string, results map[string]map[string][]loadgen.MixSummary, maxOther float64) error {
+	if _, err := fmt.Fprintf(w, "server cpu per delivered msg, %s / %s, per round (* disturbed; at the two runs' msg/s) and median:\n", a, b); err != nil {
+		return err
+	}
+	for _, c := range columns {
+		ra, rb := results[a][c.target], results[b][c.target]
+		n := min(len(ra), len(rb))
+		if n == 0 {
+			continue
+		}
+		var cells []string
+		var all, clean []float64
+		for i := 0; i < n; i++ {
+			x, okA := cpuPerMsg.get(&ra[i])
+			y, okB := cpuPerMsg.get(&rb[i])
+			if !okA || !okB || y == 0 {
+				continue
+			}
+			r := x / y
+			_, da := disturbed(&ra[i], maxOther)
+			_, db := disturbed(&rb[i], maxOther)
+			mark := ""
+			if da || db {
+				mark = "*"
+			} else {
+				clean = append(clean, r)
+			}
+			all = append(all, r)
+			cells = append(cells, fmt.Sprintf("%.3f/%.3f ms = %.2fx%s at %.0f/%.0f", x, y, r, mark, rate(&ra[i]), rate(&rb[i])))
+		}
+		if len(all) == 0 {
+			continue
+		}
+		if len(clean) == 0 {
+			clean = all
+		}
+		if _, err := fmt.Fprintf(w, "  %s: median %.2fx (%s)\n", c.heading, medianOf(clean), strings.Join(cells, "; ")); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rate is a run's delivered msg/s, or its accepted msg/s where delivery
+// is not measured (the sinks).
+func rate(s *loadgen.MixSummary) float64 {
+	if s.Delivery.Measured {
+		return s.Delivery.MsgPerSec
+	}
+	return s.SMTP.MsgPerSec
+}
+
+func medianOf(v []float64) float64 {
+	v = slices.Clone(v)
+	sort.Float64s(v)
+	n := len(v)
+	if n%2 == 1 {
+		return v[n/2]
+	}
+	return (v[n/2-1] + v[n/2]) / 2
+}
+
 // printRounds prints every round of each target beside the disk probe of
-// that round: a median can hide a round that measured the disk (a durable
-// target whose probe saw long syncs and whose server used little CPU).
-func printRounds(w io.Writer, results map[string][]loadgen.MixSummary, disk map[string][]probeStats, saturate bool) error {
+// that round and the share of the machine other processes took: a median
+// can hide a round that measured the disk (a durable target whose probe
+// saw long syncs and whose server used little CPU) or another process.
+func printRounds(w io.Writer, results map[string][]loadgen.MixSummary, disk map[string][]probeStats, saturate bool, maxOther float64) error {
 	span := "the run"
 	if saturate {
 		span = "the whole search"
 	}
-	if _, err := fmt.Fprintf(w, "per round: delivered msg/s (the sinks: accepted), server CPU s during the load, and the disk probe's fdatasync p99 and max over %s\n", span); err != nil {
+	if _, err := fmt.Fprintf(w, "per round: delivered msg/s (the sinks: accepted), server CPU s during the load, the disk probe's fdatasync p99 and max over %s, "+
+		"and other processes' share of the machine\n", span); err != nil {
 		return err
 	}
 	delivered, accepted, cpu := figureNamed("delivered msg/s"), figureNamed("accepted msg/s"), figureNamed("cpu s during load")
@@ -228,6 +339,13 @@ func printRounds(w io.Writer, results map[string][]loadgen.MixSummary, disk map[
 			}
 			if ps := disk[c.target]; i < len(ps) {
 				cell += fmt.Sprintf(", probe p99 %.2f ms max %.1f ms", ms(ps[i].P99), ms(ps[i].Max))
+			}
+			if runs[i].Machine != nil {
+				share, d := disturbed(&runs[i], maxOther)
+				cell += fmt.Sprintf(", others %.0f%%", 100*share)
+				if d {
+					cell += " DISTURBED"
+				}
 			}
 			cells = append(cells, cell)
 		}

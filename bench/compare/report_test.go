@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+	"time"
 
 	"quill/internal/loadgen"
 )
@@ -61,5 +62,46 @@ func TestSharesUseTheirFigures(t *testing.T) {
 		if hasOffered != (mode == "open") {
 			t.Errorf("%s loop: offered row shown %v:\n%s", mode, hasOffered, out.String())
 		}
+	}
+}
+
+// TestDisturbedRunsAndConnCost: a run during which other processes took more
+// than the bound is marked in the rounds, left out of the medians, and
+// starred in the per-round ratio of the connection modes, whose median is
+// over the clean rounds.
+func TestDisturbedRunsAndConnCost(t *testing.T) {
+	run := func(cpuPerMsg time.Duration, other float64) loadgen.MixSummary {
+		s := loadgen.MixSummary{Mode: "closed"}
+		s.SMTP.MsgPerSec, s.SMTP.Attempted, s.SMTP.Connections = 1000, 100, 100
+		s.CPU = map[string]loadgen.CPUSummary{"quill": {PerDelivered: cpuPerMsg, Load: time.Second}}
+		s.Machine = &loadgen.MachineCPU{CPUs: 2, OtherShare: other}
+		return s
+	}
+	results := map[string]map[string][]loadgen.MixSummary{
+		"one":        {"quill": {run(300*time.Microsecond, 0.02), run(900*time.Microsecond, 0.40), run(260*time.Microsecond, 0.05)}},
+		"persistent": {"quill": {run(200*time.Microsecond, 0.03), run(200*time.Microsecond, 0.01), run(200*time.Microsecond, 0.04)}},
+	}
+	kept, dropped, total := undisturbed(results["one"], 0.1)
+	if dropped != 1 || total != 3 || len(kept["quill"]) != 2 {
+		t.Fatalf("kept %d, dropped %d of %d", len(kept["quill"]), dropped, total)
+	}
+	if v, _ := median(kept["quill"], cpuPerMsg); v != 0.28 {
+		t.Errorf("median cpu per msg of the clean runs %.3f ms, want 0.280", v)
+	}
+	var out bytes.Buffer
+	if err := printConnCost(&out, "one", "persistent", results, 0.1); err != nil {
+		t.Fatal(err)
+	}
+	// Clean rounds: 1.50 and 1.30; their median 1.40.
+	want := "quill: median 1.40x (0.300/0.200 ms = 1.50x at 1000/1000; 0.900/0.200 ms = 4.50x* at 1000/1000; 0.260/0.200 ms = 1.30x at 1000/1000)"
+	if !strings.Contains(out.String(), want) {
+		t.Errorf("no %q in\n%s", want, out.String())
+	}
+	out.Reset()
+	if err := printRounds(&out, results["one"], nil, false, 0.1); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "others 40% DISTURBED") || strings.Count(out.String(), "DISTURBED") != 1 {
+		t.Errorf("rounds:\n%s", out.String())
 	}
 }

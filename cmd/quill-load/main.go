@@ -42,7 +42,8 @@ func main() {
 const usage = `usage: quill-load smtp|mix|saturate [flags]
 
 Sub-commands:
-  smtp      deliver generated messages over persistent SMTP connections
+  smtp      deliver generated messages over SMTP connections, persistent or
+            (--messages-per-conn 1) one message per connection
   mix       the Porcupine mix: Zipf recipients, lognormal sizes, ~90% SMTP
             deliveries and ~10% retrieval sessions, POP3 or (--retrieval imap
             --imap-addr H:P) IMAP; reports accepted, delivered and retrieved
@@ -70,7 +71,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	addr := fs.String("addr", "", "SMTP listener `host:port` (required)")
 	domain := fs.String("rcpt-domain", "", "recipient `domain` (required)")
 	users := fs.Int("users", 100, "number of recipient mailboxes user0000@DOMAIN...")
-	concurrency := fs.Int("concurrency", 16, "persistent connections")
+	concurrency := fs.Int("concurrency", 16, "connections open at once")
+	perConn := fs.Int("messages-per-conn", 0, "messages per SMTP connection before QUIT and a new one (1: one per connection, as Porcupine and postal; 0: persistent)")
 	duration := fs.Duration("duration", 0, "stop starting transactions after this long")
 	count := fs.Int64("count", 0, "stop after this many messages")
 	size := fs.Int("size", 4700, "message size in octets")
@@ -86,8 +88,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case *addr == "" || *domain == "":
 		fmt.Fprintln(stderr, "quill-load smtp: --addr and --rcpt-domain are required")
 		return 2
-	case *users <= 0 || *concurrency <= 0 || *size <= 0 || *count < 0 || *duration < 0:
-		fmt.Fprintln(stderr, "quill-load smtp: --users, --concurrency and --size must be positive")
+	case *users <= 0 || *concurrency <= 0 || *size <= 0 || *count < 0 || *duration < 0 || *perConn < 0:
+		fmt.Fprintln(stderr, "quill-load smtp: --users, --concurrency and --size must be positive, --messages-per-conn not negative")
 		return 2
 	case *count == 0 && *duration == 0:
 		fmt.Fprintln(stderr, "quill-load smtp: give --count or --duration (or both)")
@@ -112,11 +114,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			Sizes: loadgen.FixedSize(*size),
 			Rcpts: loadgen.Uniform{Users: loadgen.UserNames(*domain, *users)},
 		},
-		Concurrency: *concurrency,
-		Count:       *count,
-		Duration:    *duration,
-		Timeout:     *timeout,
-		Logger:      logger,
+		Concurrency:     *concurrency,
+		MessagesPerConn: *perConn,
+		Count:           *count,
+		Duration:        *duration,
+		Timeout:         *timeout,
+		Logger:          logger,
 	}
 	sum, err := loadgen.Run(ctx, cfg)
 	if errors.Is(err, loadgen.ErrAllWorkersFailed) {
@@ -152,7 +155,7 @@ func printTable(w io.Writer, seed uint64, concurrency, size int, sum loadgen.Sum
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k string, v any) { fmt.Fprintf(tw, "%s\t%v\n", k, v) }
 	row("seed", seed)
-	row("connections", concurrency)
+	row("connections", fmt.Sprintf("%d at once, %d opened", concurrency, sum.Connections))
 	row("message size", size)
 	row("elapsed", sum.Elapsed.Round(time.Millisecond))
 	row("attempted", sum.Attempted)

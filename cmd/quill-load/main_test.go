@@ -23,6 +23,8 @@ func TestUsageErrors(t *testing.T) {
 		{"smtp", "--addr", "127.0.0.1:1", "--rcpt-domain", "d.test", "--count", "1", "--users", "0"},
 		{"smtp", "--addr", "127.0.0.1:1", "--rcpt-domain", "d.test", "--count", "1", "extra"},
 		{"smtp", "--bogus"},
+		{"smtp", "--addr", "127.0.0.1:1", "--rcpt-domain", "d.test", "--count", "1", "--messages-per-conn", "-1"},
+		{"mix", "--smtp-addr", "127.0.0.1:1", "--rcpt-domain", "d.test", "--messages-per-conn", "-1"},
 		{"mix"},
 		{"mix", "--smtp-addr", "127.0.0.1:1", "--rcpt-domain", "d.test", "--sizes", "gaussian"},
 		{"mix", "--smtp-addr", "127.0.0.1:1", "--rcpt-domain", "d.test", "--pop3-share", "2"},
@@ -119,6 +121,28 @@ func TestSMTPRunJSON(t *testing.T) {
 		t.Fatalf("%v: %s", err, out.String())
 	}
 	if got.Seed != 7 || got.Acked != 25 || got.Attempts != 25 || count() != 25 {
+		t.Fatalf("summary %+v, sink saw %d\n%s", got, count(), out.String())
+	}
+}
+
+// TestSMTPRunOnePerConn: --messages-per-conn 1 opens a connection for
+// every message, and the summary says so.
+func TestSMTPRunOnePerConn(t *testing.T) {
+	addr, count := sink(t)
+	var out, errb bytes.Buffer
+	args := []string{"smtp", "--addr", addr, "--rcpt-domain", "example.test", "--users", "3",
+		"--concurrency", "2", "--count", "12", "--messages-per-conn", "1", "--json"}
+	if code := run(t.Context(), args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var got struct {
+		Acked       int64 `json:"acked"`
+		Connections int64 `json:"connections"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	if got.Acked != 12 || got.Connections != 12 || count() != 12 {
 		t.Fatalf("summary %+v, sink saw %d\n%s", got, count(), out.String())
 	}
 }

@@ -34,7 +34,7 @@ type mixFlags struct {
 	smtpAddr, pop3Addr, imapAddr, retrieval *string
 	domain, password, sizes, from           *string
 	cpuprofile                              *string
-	users, clients, probes, sample          *int
+	users, clients, probes, sample, perConn *int
 	zipf, pop3Share, rate                   *float64
 	duration, drainTimeout, timeout, bound  *time.Duration
 	seed                                    *uint64
@@ -54,6 +54,7 @@ func addMixFlags(fs *flag.FlagSet) *mixFlags {
 		from:         fs.String("from", "loadgen@quill-load.invalid", "envelope sender and From address"),
 		users:        fs.Int("users", 10000, "population: user0000@DOMAIN..."),
 		clients:      fs.Int("clients", 16, "concurrent clients"),
+		perConn:      fs.Int("messages-per-conn", 0, "SMTP transactions per connection before QUIT and a new one (1: one per connection, as Porcupine and postal; 0: persistent)"),
 		probes:       fs.Int("probes", 2, "end-to-end probe mailboxes probe00@DOMAIN... (provisioned by the caller; 0: no probes)"),
 		sample:       fs.Int("sample", 16, "mailboxes sampled for the delivered rate (0: not measured)"),
 		zipf:         fs.Float64("zipf", 1, "Zipf exponent of the recipients (0 uniform; large: all to few users)"),
@@ -87,8 +88,8 @@ func (f *mixFlags) config(fs *flag.FlagSet, stderr io.Writer) (loadgen.MixConfig
 	switch {
 	case *f.smtpAddr == "" || *f.domain == "":
 		return loadgen.MixConfig{}, fmt.Errorf("--smtp-addr and --rcpt-domain are required")
-	case *f.users <= 0 || *f.clients <= 0 || *f.probes < 0 || *f.sample < 0 || *f.duration <= 0:
-		return loadgen.MixConfig{}, fmt.Errorf("--users, --clients and --duration must be positive")
+	case *f.users <= 0 || *f.clients <= 0 || *f.probes < 0 || *f.sample < 0 || *f.duration <= 0 || *f.perConn < 0:
+		return loadgen.MixConfig{}, fmt.Errorf("--users, --clients and --duration must be positive, --messages-per-conn not negative")
 	case !(*f.pop3Share >= 0 && *f.pop3Share <= 1):
 		return loadgen.MixConfig{}, fmt.Errorf("--pop3-share must be in [0, 1]")
 	case *f.retrieval != loadgen.RetrievalPOP3 && *f.retrieval != loadgen.RetrievalIMAP:
@@ -113,23 +114,24 @@ func (f *mixFlags) config(fs *flag.FlagSet, stderr io.Writer) (loadgen.MixConfig
 		logger = slog.New(slog.NewTextHandler(stderr, nil))
 	}
 	return loadgen.MixConfig{
-		SMTPAddr:     *f.smtpAddr,
-		Retrieval:    *f.retrieval,
-		POP3Addr:     *f.pop3Addr,
-		IMAPAddr:     *f.imapAddr,
-		Spec:         loadgen.Spec{Seed: *f.seed, RunID: strconv.FormatUint(*f.seed, 36), From: *f.from, Sizes: sizes, Rcpts: z},
-		Password:     *f.password,
-		Mix:          loadgen.Mix{POP3PerMille: uint64(*f.pop3Share*1000 + 0.5)},
-		Clients:      *f.clients,
-		Rate:         *f.rate,
-		Duration:     *f.duration,
-		Probes:       probeNames(*f.domain, *f.probes),
-		Sample:       loadgen.SampleMailboxes(users, *f.sample),
-		DrainTimeout: *f.drainTimeout,
-		LatencyBound: *f.bound,
-		Processes:    f.pids,
-		Timeout:      *f.timeout,
-		Logger:       logger,
+		SMTPAddr:        *f.smtpAddr,
+		Retrieval:       *f.retrieval,
+		POP3Addr:        *f.pop3Addr,
+		IMAPAddr:        *f.imapAddr,
+		Spec:            loadgen.Spec{Seed: *f.seed, RunID: strconv.FormatUint(*f.seed, 36), From: *f.from, Sizes: sizes, Rcpts: z},
+		Password:        *f.password,
+		Mix:             loadgen.Mix{POP3PerMille: uint64(*f.pop3Share*1000 + 0.5)},
+		Clients:         *f.clients,
+		MessagesPerConn: *f.perConn,
+		Rate:            *f.rate,
+		Duration:        *f.duration,
+		Probes:          probeNames(*f.domain, *f.probes),
+		Sample:          loadgen.SampleMailboxes(users, *f.sample),
+		DrainTimeout:    *f.drainTimeout,
+		LatencyBound:    *f.bound,
+		Processes:       f.pids,
+		Timeout:         *f.timeout,
+		Logger:          logger,
 	}, nil
 }
 

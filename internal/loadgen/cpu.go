@@ -129,3 +129,61 @@ func snapshotCPU(roots map[string]int) (map[string]time.Duration, error) {
 	}
 	return out, nil
 }
+
+// machineTicks returns the CPU time all CPUs have spent busy since boot,
+// from the first line of /proc/stat (proc(5)): user, nice, system, irq,
+// softirq and steal; idle and iowait are not busy, and guest time is
+// already counted in user.
+func machineTicks() (uint64, error) {
+	f, err := os.Open("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	buf := make([]byte, 512)
+	n, err := f.Read(buf)
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := bytes.Cut(buf[:n], []byte("\n"))
+	f1 := bytes.Fields(line)
+	if len(f1) < 9 || string(f1[0]) != "cpu" {
+		return 0, fmt.Errorf("%w: bad /proc/stat cpu line", ErrProtocol)
+	}
+	var busy uint64
+	for i, x := range f1[1:9] {
+		v, err := strconv.ParseUint(string(x), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%w: bad /proc/stat cpu line", ErrProtocol)
+		}
+		if i != 3 && i != 4 { // idle, iowait
+			busy += v
+		}
+	}
+	return busy, nil
+}
+
+// selfTicks returns this process's CPU time (the generator's), with that of
+// the children it has reaped.
+func selfTicks() (uint64, error) {
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return 0, err
+	}
+	s, err := parseProcStat(b)
+	return s.ticks, err
+}
+
+// machineSnap is a reading of the whole machine's and the generator's CPU.
+type machineSnap struct {
+	busy, self uint64
+	ok         bool
+}
+
+func snapshotMachine() machineSnap {
+	busy, err1 := machineTicks()
+	self, err2 := selfTicks()
+	return machineSnap{busy: busy, self: self, ok: err1 == nil && err2 == nil}
+}
+
+func ticksDuration(t uint64) time.Duration { return time.Duration(t) * time.Second / clockTicks }

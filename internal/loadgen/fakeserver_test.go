@@ -31,6 +31,8 @@ type fakeServer struct {
 		held       int             // messages acknowledged under hold
 		locked     map[string]bool // maildrops held by a POP3 session
 		dataCount  int
+		smtpConns  int // SMTP connections accepted
+		smtpQuits  int // SMTP sessions ended by QUIT
 		conns      map[net.Conn]struct{}
 		transcript *strings.Builder // when non-nil, the SMTP dialogue
 	}
@@ -118,6 +120,9 @@ func (s *fakeServer) smtpSession(r *bufio.Reader, w *bufio.Writer) bool {
 		}
 		return true
 	}
+	s.mu.Lock()
+	s.mu.smtpConns++
+	s.mu.Unlock()
 	reply("220 fake ESMTP")
 	var from string
 	var rcpts []string
@@ -204,6 +209,9 @@ func (s *fakeServer) smtpSession(r *bufio.Reader, w *bufio.Writer) bool {
 			from, rcpts = "", nil
 			reply("250 2.0.0 queued")
 		case "QUIT":
+			s.mu.Lock()
+			s.mu.smtpQuits++
+			s.mu.Unlock()
 			reply("221 bye")
 			return true
 		default:
@@ -319,4 +327,12 @@ func (s *fakeServer) pop3Session(r *bufio.Reader, w *bufio.Writer) bool {
 			send("-ERR unknown")
 		}
 	}
+}
+
+// smtpSessions returns the SMTP connections accepted and those ended by
+// QUIT so far.
+func (s *fakeServer) smtpSessions() (conns, quits int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.smtpConns, s.mu.smtpQuits
 }

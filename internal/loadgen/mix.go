@@ -20,7 +20,9 @@ import (
 //
 //	workers (Clients of them) claim transaction numbers i = 0, 1, ...;
 //	  Mix.Kind(i) says SMTP or POP3; open loop waits for start + i/Rate;
-//	  SMTP: one transaction on the worker's persistent connection;
+//	  SMTP: one transaction on the worker's connection, which is closed
+//	    (QUIT) after MessagesPerConn transactions (1: connect, EHLO, MAIL,
+//	    RCPT, DATA, QUIT for every message, as Porcupine and postal do);
 //	  POP3: one retrieval session for a user drawn from POP3Users:
 //	    POP3 (USER, PASS, STAT, RETR all, DELE all, QUIT) or IMAP
 //	    (LOGIN, SELECT, FETCH, STORE \Deleted, EXPUNGE, LOGOUT; see
@@ -84,9 +86,15 @@ type MixConfig struct {
 	// Password is every user's (and every probe's) password.
 	Password string
 	Mix      Mix
-	// Clients is the number of concurrent clients, each with a persistent
-	// SMTP connection (POP3 sessions open their own).
+	// Clients is the number of concurrent clients, each with its own SMTP
+	// connection (POP3 sessions open their own).
 	Clients int
+	// MessagesPerConn is how many transactions a client sends on one SMTP
+	// connection before it says QUIT and connects again for the next: 1 is
+	// one message per connection (Porcupine, postal), 0 keeps the
+	// connection for the whole run. The connection's setup (connect,
+	// greeting, EHLO) is part of the latency of its first transaction.
+	MessagesPerConn int
 	// Rate > 0 is open loop: transaction i is due at start + i/Rate, and
 	// its latency counts from then, so a server that falls behind is
 	// charged for the wait (no coordinated omission). Clients bounds the
@@ -142,6 +150,8 @@ func (c *MixConfig) validate() error {
 		return fmt.Errorf("loadgen: mix needs a duration")
 	case c.Rate < 0:
 		return fmt.Errorf("loadgen: negative rate")
+	case c.MessagesPerConn < 0:
+		return fmt.Errorf("loadgen: negative messages per connection")
 	case c.Mix.POP3PerMille > 1000:
 		return fmt.Errorf("loadgen: POP3 share above 1000 per mille")
 	case c.Retrieval != "" && c.Retrieval != RetrievalPOP3 && c.Retrieval != RetrievalIMAP:
@@ -269,6 +279,7 @@ func RunMix(ctx context.Context, cfg MixConfig) (MixSummary, error) {
 	if err != nil {
 		return MixSummary{}, err
 	}
+	m0 := snapshotMachine()
 	r.start = time.Now()
 	r.stopAt = r.start.Add(cfg.Duration)
 
@@ -302,17 +313,19 @@ func RunMix(ctx context.Context, cfg MixConfig) (MixSummary, error) {
 	if err != nil {
 		return MixSummary{}, err
 	}
+	m1 := snapshotMachine()
 
 	drain := r.drain()
 	cpu2, err := snapshotCPU(cfg.Processes)
 	if err != nil {
 		return MixSummary{}, err
 	}
-	return r.summarize(elapsed, stats, pr, drain, cpu0, cpu1, cpu2), nil
+	return r.summarize(elapsed, stats, pr, drain, cpu0, cpu1, cpu2, m0, m1), nil
 }
 
-// mixWorker is one client: a persistent SMTP connection and its own
-// generator, random source and statistics.
+// mixWorker is one client: an SMTP connection (kept for
+// MixConfig.MessagesPerConn transactions) and its own generator, random
+// source and statistics.
 type mixWorker struct {
 	run  *mixRun
 	gen  *Generator
@@ -396,6 +409,7 @@ func (w *mixWorker) smtpTx(i uint64, t0 time.Time) {
 			return
 		}
 		w.smtp = c
+		w.st.conns++
 	}
 	m := w.gen.Next(i)
 	res := w.smtp.send(m, cfg.Spec.From)
@@ -419,6 +433,11 @@ func (w *mixWorker) smtpTx(i uint64, t0 time.Time) {
 			cfg.Logger.Warn("loadgen: connection failed", "addr", cfg.SMTPAddr, "err", res.err)
 		}
 		w.smtp.close()
+		w.smtp = nil
+		return
+	}
+	if w.smtp.sent++; cfg.MessagesPerConn > 0 && w.smtp.sent >= cfg.MessagesPerConn {
+		w.smtp.quit()
 		w.smtp = nil
 	}
 }

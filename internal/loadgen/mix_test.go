@@ -379,3 +379,21 @@ func TestSaturateStopsAtTheBound(t *testing.T) {
 		t.Error("factor 1 accepted")
 	}
 }
+
+// TestRunMixOneMessagePerConn: with MessagesPerConn 1 the mix connects,
+// greets, sends one message and quits for every SMTP transaction, and the
+// summary accounts for the whole machine's CPU.
+func TestRunMixOneMessagePerConn(t *testing.T) {
+	s := newFakeServer(t)
+	sum := mixAgainst(t, s, func(c *MixConfig) { c.MessagesPerConn = 1 })
+	checkMix(t, s, sum)
+	conns, quits := s.smtpSessions()
+	// The prober sends over connections of its own.
+	if sum.SMTP.Connections != sum.SMTP.Attempted || int64(conns) < sum.SMTP.Attempted || quits < int(sum.SMTP.Attempted) {
+		t.Errorf("%d transactions over %d connections (server: %d accepted, %d quit)", sum.SMTP.Attempted, sum.SMTP.Connections, conns, quits)
+	}
+	m := sum.Machine
+	if m == nil || m.CPUs <= 0 || m.Busy <= 0 || m.Servers != sum.CPU["self"].Load || m.OtherShare < 0 || m.OtherShare > 1 {
+		t.Errorf("machine: %+v", m)
+	}
+}

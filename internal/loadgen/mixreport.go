@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"runtime"
 	"sort"
 	"text/tabwriter"
 	"time"
@@ -39,6 +40,24 @@ type MixSummary struct {
 
 	// CPU is the CPU time of each measured server process tree.
 	CPU map[string]CPUSummary `json:"cpu,omitempty"`
+	// Machine is the whole machine's CPU during the load phase, set when
+	// server processes are measured: what else ran beside them.
+	Machine *MachineCPU `json:"machine,omitempty"`
+}
+
+// MachineCPU accounts for all the machine's CPU time during the load phase
+// (/proc/stat), so that a run disturbed by other work on the machine can be
+// told from one that measured the server: Other is what neither the
+// measured servers nor the generator used.
+type MachineCPU struct {
+	CPUs      int           `json:"cpus"`
+	Busy      time.Duration `json:"busy_ns"`      // all CPUs, not idle
+	Servers   time.Duration `json:"servers_ns"`   // the measured process trees
+	Generator time.Duration `json:"generator_ns"` // this process
+	Other     time.Duration `json:"other_ns"`     // Busy - Servers - Generator, at least 0
+	// OtherShare is Other over the machine's capacity during the load
+	// (Elapsed times CPUs): the share of the machine taken by others.
+	OtherShare float64 `json:"other_share"`
 }
 
 // POP3Summary covers the mix's retrieval sessions, POP3 or IMAP.
@@ -95,7 +114,7 @@ func latencyOf(h *histogram) Latency {
 	return Latency{P50: h.quantile(0.50), P90: h.quantile(0.90), P99: h.quantile(0.99), Max: time.Duration(h.max)}
 }
 
-func (r *mixRun) summarize(elapsed time.Duration, workers []*mixWorker, pr *prober, d drainResult, cpu0, cpu1, cpu2 map[string]time.Duration) MixSummary {
+func (r *mixRun) summarize(elapsed time.Duration, workers []*mixWorker, pr *prober, d drainResult, cpu0, cpu1, cpu2 map[string]time.Duration, m0, m1 machineSnap) MixSummary {
 	cfg := r.cfg
 	s := MixSummary{Mode: "closed", Clients: cfg.Clients, Elapsed: elapsed, Retrieval: cfg.Retrieval}
 	if cfg.Rate > 0 {
@@ -153,6 +172,15 @@ func (r *mixRun) summarize(elapsed time.Duration, workers []*mixWorker, pr *prob
 		}
 		s.CPU[name] = c
 	}
+	if len(cpu0) > 0 && m0.ok && m1.ok && elapsed > 0 {
+		mc := &MachineCPU{CPUs: runtime.NumCPU(), Busy: ticksDuration(m1.busy - m0.busy), Generator: ticksDuration(m1.self - m0.self)}
+		for _, c := range s.CPU {
+			mc.Servers += c.Load
+		}
+		mc.Other = max(mc.Busy-mc.Servers-mc.Generator, 0)
+		mc.OtherShare = float64(mc.Other) / (float64(elapsed) * float64(mc.CPUs))
+		s.Machine = mc
+	}
 	return s
 }
 
@@ -171,7 +199,7 @@ func (s *MixSummary) WriteTable(w io.Writer) error {
 		mode = fmt.Sprintf("open loop, %.0f tx/s offered, %d never started", s.OfferedRate, s.Unstarted)
 	}
 	row("mode", "%s, %d clients, %v", mode, s.Clients, s.Elapsed.Round(time.Millisecond))
-	row("smtp", "%d attempted, %d acked, %d rejected, %d no reply", s.SMTP.Attempted, s.SMTP.Acked, s.SMTP.Rejected, s.SMTP.NoReply)
+	row("smtp", "%d attempted, %d acked, %d rejected, %d no reply, %d connections", s.SMTP.Attempted, s.SMTP.Acked, s.SMTP.Rejected, s.SMTP.NoReply, s.SMTP.Connections)
 	row("accepted msg/s", "%.1f", s.SMTP.MsgPerSec)
 	if s.Delivery.Measured {
 		d := s.Delivery
@@ -202,6 +230,10 @@ func (s *MixSummary) WriteTable(w io.Writer) error {
 	for _, n := range names {
 		c := s.CPU[n]
 		row("cpu "+n, "%.2f s load, %.2f s total, %.3f ms per delivered msg", c.Load.Seconds(), c.Total.Seconds(), float64(c.PerDelivered)/1e6)
+	}
+	if m := s.Machine; m != nil {
+		row("cpu machine", "%.2f s busy of %d CPUs: servers %.2f s, generator %.2f s, others %.2f s (%.1f%% of the machine)",
+			m.Busy.Seconds(), m.CPUs, m.Servers.Seconds(), m.Generator.Seconds(), m.Other.Seconds(), 100*m.OtherShare)
 	}
 	codes := make([]int, 0, len(s.SMTP.RejectCodes))
 	for c := range s.SMTP.RejectCodes {

@@ -18,9 +18,15 @@ type Config struct {
 	Addr string
 	// Spec describes the messages; its From is also the envelope sender.
 	Spec Spec
-	// Concurrency is the number of persistent connections, each driven by
-	// one goroutine that runs its transactions back to back.
+	// Concurrency is the number of connections open at once, each driven
+	// by one goroutine that runs its transactions back to back.
 	Concurrency int
+	// MessagesPerConn is how many transactions a connection carries before
+	// QUIT and a new connection: 1 is one message per connection
+	// (Porcupine, postal), 0 keeps each connection for the whole run. The
+	// setup (connect, greeting, EHLO) counts in the first message's
+	// latency.
+	MessagesPerConn int
 	// Count stops the run after this many messages have been attempted;
 	// 0 means no limit.
 	Count int64
@@ -102,6 +108,9 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	if cfg.Concurrency <= 0 {
 		return Summary{}, fmt.Errorf("loadgen: concurrency %d", cfg.Concurrency)
 	}
+	if cfg.MessagesPerConn < 0 {
+		return Summary{}, fmt.Errorf("loadgen: messages per connection %d", cfg.MessagesPerConn)
+	}
 	if err := cfg.Spec.Validate(); err != nil {
 		return Summary{}, err
 	}
@@ -172,11 +181,13 @@ func runWorker(ctx context.Context, cfg *Config, gen *Generator, claim func() (u
 		if !ok {
 			return false
 		}
+		t0 := time.Now()
 		for c == nil {
 			var err error
 			c, err = dialSMTP(ctx, cfg.Dialer, cfg.Addr, cfg.Helo, cfg.Timeout)
 			if err == nil {
 				dialFailures = 0
+				st.conns++
 				break
 			}
 			if ctx.Err() != nil {
@@ -194,7 +205,6 @@ func runWorker(ctx context.Context, cfg *Config, gen *Generator, claim func() (u
 		}
 
 		m := gen.Next(seq)
-		t0 := time.Now()
 		res := c.send(m, cfg.Spec.From)
 		lat := time.Since(t0)
 		st.add(m, res, lat, ctx.Err() != nil)
@@ -206,6 +216,11 @@ func runWorker(ctx context.Context, cfg *Config, gen *Generator, claim func() (u
 				cfg.Logger.Warn("loadgen: connection failed", "addr", cfg.Addr, "err", res.err)
 			}
 			c.close()
+			c = nil
+			continue
+		}
+		if c.sent++; cfg.MessagesPerConn > 0 && c.sent >= cfg.MessagesPerConn {
+			c.quit()
 			c = nil
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"flag"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -302,5 +303,46 @@ func TestRunCancelUnblocksSilentServer(t *testing.T) {
 	recs := ledger.Records()
 	if res.err != nil || res.sum.NoReply != 1 || res.sum.Errors["cancelled"] != 1 || len(recs) != 1 || recs[0].Stage != StageCommands {
 		t.Fatalf("err %v summary %+v records %+v", res.err, res.sum, recs)
+	}
+}
+
+// TestRunMessagesPerConn: with MessagesPerConn 1 every message has its own
+// connection, ended by QUIT (Porcupine, postal); with 0 each worker keeps
+// one connection for the run. Both sides count the connections.
+func TestRunMessagesPerConn(t *testing.T) {
+	for _, tc := range []struct {
+		perConn   int
+		wantConns int
+	}{{1, 60}, {0, 3}, {20, 3}} {
+		t.Run(fmt.Sprintf("per-conn-%d", tc.perConn), func(t *testing.T) {
+			s := newFakeServer(t)
+			s.start()
+			users := UserNames("example.test", 5)
+			sum, records := runAgainst(t, s, Config{Spec: testSpec(500, users), Concurrency: 3, Count: 60, MessagesPerConn: tc.perConn})
+			if sum.Acked != 60 || len(records) != 60 {
+				t.Fatalf("summary %+v", sum)
+			}
+			conns, quits := s.smtpSessions()
+			if tc.perConn == 20 {
+				// The split of 60 claims among 3 workers is up to the
+				// scheduler: between 3 and 5 connections.
+				if sum.Connections < 3 || sum.Connections > 5 || int64(conns) != sum.Connections {
+					t.Fatalf("client counted %d connections, server %d", sum.Connections, conns)
+				}
+				return
+			}
+			if sum.Connections != int64(tc.wantConns) || conns != tc.wantConns {
+				t.Fatalf("client counted %d connections, server %d, want %d", sum.Connections, conns, tc.wantConns)
+			}
+			// Every session ends with QUIT: the server's count is
+			// final once Run has returned, since the client read 221.
+			if quits != tc.wantConns {
+				t.Fatalf("%d sessions ended with QUIT, want %d", quits, tc.wantConns)
+			}
+			rep := verifyAll(t, s, records, users)
+			if !rep.OK() || rep.Present != 60 {
+				t.Fatalf("report %s", rep.String())
+			}
+		})
 	}
 }

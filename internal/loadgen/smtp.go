@@ -72,8 +72,8 @@ func (s Stage) String() string {
 	return "stage(" + strconv.Itoa(int(s)) + ")"
 }
 
-// smtpClient is one persistent SMTP session used for many transactions.
-// It is owned by a single worker goroutine.
+// smtpClient is one SMTP session used for one or more transactions. It is
+// owned by a single worker goroutine.
 type smtpClient struct {
 	ctx     context.Context // the run's; cancelling it fails blocked I/O
 	conn    net.Conn
@@ -89,6 +89,9 @@ type smtpClient struct {
 	dirty bool
 	// broken: the session can no longer be used (I/O error, 421).
 	broken bool
+	// sent counts the transactions run on the session, for the owner's
+	// messages-per-connection bound.
+	sent int
 
 	stage    Stage  // of the current transaction
 	accepted []bool // per recipient of the current transaction

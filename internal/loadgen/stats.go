@@ -92,6 +92,10 @@ type Summary struct {
 	Latency    Latency `json:"latency"`
 	// RejectCodes counts rejected transactions by deciding reply code.
 	RejectCodes map[int]int64 `json:"reject_codes,omitempty"`
+	// Connections counts the SMTP sessions opened (greeting and EHLO
+	// answered): Attempted with one message per connection, about the
+	// number of clients with persistent ones.
+	Connections int64 `json:"connections"`
 	// Errors counts transport failures by kind: "dial", "timeout", "io",
 	// and "cancelled" for transactions cut short by the run's context.
 	Errors map[string]int64 `json:"errors,omitempty"`
@@ -100,6 +104,7 @@ type Summary struct {
 // workerStats is one worker's share of a Summary.
 type workerStats struct {
 	attempted, acked, rejected, noReply, ackedBytes int64
+	conns                                           int64
 	lat                                             histogram
 	rejectCodes                                     map[int]int64
 	errors                                          map[string]int64
@@ -150,6 +155,7 @@ func summarize(elapsed time.Duration, workers []*workerStats) Summary {
 		s.Rejected += w.rejected
 		s.NoReply += w.noReply
 		s.AckedBytes += w.ackedBytes
+		s.Connections += w.conns
 		lat.merge(&w.lat)
 		for k, v := range w.rejectCodes {
 			if s.RejectCodes == nil {

@@ -646,20 +646,30 @@ func (c *Conn) LocalAddr() netip.AddrPort { return addrPort(c.raw.LocalAddr()) }
 // WatchShutdown arranges for ReadLine to return ErrShutdown once shutdown is
 // closed: immediately when it is waiting for a client that is idle, or at
 // the next ReadLine otherwise, so a command in progress (a message body)
-// completes. stop ends the watch; call it before returning.
+// completes. stop ends the watch; call it before returning. After stop
+// returns, the watch no longer touches c.
+//
+// The shutdown channel a Server hands its Handler costs no goroutine: the
+// connection joins the Server's list, which Shutdown and Close signal (a
+// goroutine per connection, started and ended for a session that carries
+// one message, was a measurable share of its cost). Any other channel is
+// watched by a goroutine of its own.
 func (c *Conn) WatchShutdown(shutdown <-chan struct{}) (stop func()) {
+	if v, ok := shutdownSignals.Load(shutdown); ok {
+		sig := v.(*shutdownSignal)
+		if sig.add(c) {
+			return func() { sig.remove(c) }
+		}
+		// Fired already: the channel is closed, which the goroutine
+		// below sees at once.
+	}
 	done := make(chan struct{})
 	exited := make(chan struct{})
 	go func() {
 		defer close(exited)
 		select {
 		case <-shutdown:
-			c.mu.Lock()
-			c.mu.shutdown = true
-			if c.mu.inLine {
-				_ = c.raw.SetReadDeadline(time.Unix(1, 0))
-			}
-			c.mu.Unlock()
+			c.signalShutdown()
 		case <-done:
 		}
 	}()
@@ -668,6 +678,71 @@ func (c *Conn) WatchShutdown(shutdown <-chan struct{}) (stop func()) {
 		once.Do(func() { close(done) })
 		<-exited
 	}
+}
+
+// signalShutdown is the shutdown signal: ReadLine returns ErrShutdown from
+// now on, and one waiting for input is woken.
+func (c *Conn) signalShutdown() {
+	c.mu.Lock()
+	c.mu.shutdown = true
+	if c.mu.inLine {
+		_ = c.raw.SetReadDeadline(time.Unix(1, 0))
+	}
+	c.mu.Unlock()
+}
+
+// shutdownSignals maps the shutdown channel of each Server that has not yet
+// begun to shut down to its connections' list (Server.initLocked adds it,
+// Shutdown and Close remove it as they fire it).
+var shutdownSignals sync.Map // <-chan struct{} -> *shutdownSignal
+
+// shutdownSignal is a Server's list of the connections watching its
+// shutdown channel.
+type shutdownSignal struct {
+	mu struct {
+		sync.Mutex
+		fired bool
+		conns map[*Conn]struct{}
+	}
+}
+
+func newShutdownSignal() *shutdownSignal {
+	sig := &shutdownSignal{}
+	sig.mu.conns = make(map[*Conn]struct{})
+	return sig
+}
+
+// add puts c on the list, or reports false once the signal has fired.
+func (sig *shutdownSignal) add(c *Conn) bool {
+	sig.mu.Lock()
+	defer sig.mu.Unlock()
+	if sig.mu.fired {
+		return false
+	}
+	sig.mu.conns[c] = struct{}{}
+	return true
+}
+
+// remove takes c off the list; a fire in progress has finished with c when
+// it returns.
+func (sig *shutdownSignal) remove(c *Conn) {
+	sig.mu.Lock()
+	delete(sig.mu.conns, c)
+	sig.mu.Unlock()
+}
+
+// fire signals every connection on the list, once; later adds fail.
+func (sig *shutdownSignal) fire() {
+	sig.mu.Lock()
+	defer sig.mu.Unlock()
+	if sig.mu.fired {
+		return
+	}
+	sig.mu.fired = true
+	for c := range sig.mu.conns {
+		c.signalShutdown()
+	}
+	sig.mu.conns = nil
 }
 
 // Close closes the connection without flushing.

@@ -43,6 +43,7 @@ type Server struct {
 		ctx       context.Context
 		cancel    context.CancelFunc
 		shutdown  chan struct{}
+		signal    *shutdownSignal // the connections watching shutdown
 		closing   bool
 		listeners map[net.Listener]struct{}
 		conns     map[net.Conn]struct{}
@@ -56,6 +57,8 @@ func (s *Server) initLocked() {
 	s.mu.init = true
 	s.mu.ctx, s.mu.cancel = context.WithCancel(context.Background())
 	s.mu.shutdown = make(chan struct{})
+	s.mu.signal = newShutdownSignal()
+	shutdownSignals.Store((<-chan struct{})(s.mu.shutdown), s.mu.signal)
 	s.mu.listeners = make(map[net.Listener]struct{})
 	s.mu.conns = make(map[net.Conn]struct{})
 }
@@ -171,10 +174,7 @@ func (s *Server) start(nc net.Conn) {
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.initLocked()
-	if !s.mu.closing {
-		s.mu.closing = true
-		close(s.mu.shutdown)
-	}
+	s.beginShutdownLocked()
 	for ln := range s.mu.listeners {
 		ln.Close()
 	}
@@ -204,10 +204,7 @@ func (s *Server) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
-	if !s.mu.closing {
-		s.mu.closing = true
-		close(s.mu.shutdown)
-	}
+	s.beginShutdownLocked()
 	s.mu.cancel()
 	for ln := range s.mu.listeners {
 		ln.Close()
@@ -216,4 +213,16 @@ func (s *Server) Close() error {
 		nc.Close()
 	}
 	return nil
+}
+
+// beginShutdownLocked closes the shutdown channel and signals the
+// connections watching it (Conn.WatchShutdown), once.
+func (s *Server) beginShutdownLocked() {
+	if s.mu.closing {
+		return
+	}
+	s.mu.closing = true
+	close(s.mu.shutdown)
+	shutdownSignals.Delete((<-chan struct{})(s.mu.shutdown))
+	s.mu.signal.fire()
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -375,4 +376,53 @@ func TestConnCountsBytes(t *testing.T) {
 	}
 	var nilMetrics *Metrics
 	nilMetrics.Command("NOOP") // must not panic
+}
+
+// TestShutdownWatchIsNoGoroutine: a connection watching its Server's
+// shutdown channel costs no goroutine besides its handler's, and Shutdown
+// still wakes every idle one, which says goodbye.
+func TestShutdownWatchIsNoGoroutine(t *testing.T) {
+	const n = 20
+	started := make(chan struct{}, n)
+	s := &Server{Name: "t", Handler: echoHandler(started), Logger: slog.New(slog.DiscardHandler)}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- s.Serve(ln) }()
+	before := runtime.NumGoroutine()
+	var conns []*bufio.Reader
+	for range n {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns = append(conns, bufio.NewReader(c))
+		<-started
+	}
+	// Each handler is blocked in ReadLine, or on its way there; a watcher
+	// goroutine per connection would add n more.
+	if d := runtime.NumGoroutine() - before; d >= 2*n {
+		t.Errorf("%d connections added %d goroutines", n, d)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	for i, br := range conns {
+		if line, err := br.ReadString('\n'); line != "BYE\r\n" {
+			t.Errorf("connection %d: %q, %v", i, line, err)
+		}
+	}
+	if err := <-errc; !errors.Is(err, ErrServerClosed) {
+		t.Errorf("Serve returned %v", err)
+	}
+	// The fired channel is no longer in the registry: a late watch falls
+	// back to a goroutine, which sees it closed.
+	if _, ok := shutdownSignals.Load((<-chan struct{})(s.mu.shutdown)); ok {
+		t.Error("the shutdown channel of a Server shut down is still registered")
+	}
 }
