@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"quill/internal/store"
+	"quill/internal/textconn"
 )
 
 // UserStore is what authentication needs from the store.
@@ -29,11 +30,19 @@ type UserStore interface {
 type Options struct {
 	// DefaultDomain completes a login name without "@" (none if empty).
 	DefaultDomain string
-	// MaxFailures within FailureWindow from one IP or for one user before
-	// further attempts are refused with ErrThrottled (default 10 per 5 min
-	// per IP, the same per user). Loopback peers are never throttled by IP.
+	// MaxFailures within FailureWindow from one peer or for one account
+	// before further attempts are refused with ErrThrottled (default 10 per
+	// 5 min per peer, the same per account). Attempts in progress count
+	// too. A peer is an IPv4 address or an IPv6 /64 (textconn.PeerKey); an
+	// account is the canonical user a login or alias resolves to, or the
+	// normalized login when it names no user.
 	MaxFailures   int
 	FailureWindow time.Duration
+	// TrustedNetworks are exempt from counting per peer (a webmail or a
+	// proxy that authenticates many users from one address); their
+	// attempts still count per account. None by default: loopback is not
+	// trusted unless listed.
+	TrustedNetworks []netip.Prefix
 	// CacheTTL is how long a verified login is remembered so that frequent
 	// POP3/IMAP logins do not each pay for the KDF (default 5 min; a
 	// negative value disables the cache). Changing the password invalidates
@@ -108,60 +117,117 @@ func (a *Authenticator) NormalizeLogin(username string) string {
 // of the default domain) and password and returns the canonical user. It
 // returns ErrInvalidCredentials, ErrThrottled or ErrDisabled, or a wrapped
 // storage error (temporary).
+//
+// Throttling: the attempt is counted against the peer and the account
+// before the password is checked, atomically with the check against the
+// limit, and stays counted if it fails. A success withdraws its own count
+// from the peer (never the peer's failures: one valid account must not buy
+// guesses at others) and clears the account's failures. An attempt that
+// ends in neither (disabled account, storage error) withdraws both counts.
 func (a *Authenticator) Authenticate(ctx context.Context, username, password string, remote netip.Addr) (string, error) {
 	login := a.NormalizeLogin(username)
-	ipKey := ""
-	if remote.IsValid() && !remote.IsLoopback() {
-		ipKey = remote.Unmap().String()
+	account, err := a.resolve(ctx, login)
+	if err != nil {
+		a.attempts.WithLabelValues("error").Inc()
+		return "", err
 	}
-	if (ipKey != "" && a.byIP.blocked(ipKey)) || a.byUser.blocked(login) {
+	userKey := account
+	if userKey == "" {
+		userKey = login
+	}
+	ipKey := a.peerKey(remote)
+	var ipAt time.Time
+	if ipKey != "" {
+		at, ok := a.byIP.reserve(ipKey)
+		if !ok {
+			a.attempts.WithLabelValues("throttled").Inc()
+			return "", ErrThrottled
+		}
+		ipAt = at
+	}
+	userAt, ok := a.byUser.reserve(userKey)
+	if !ok {
+		if ipKey != "" {
+			a.byIP.cancel(ipKey, ipAt)
+		}
 		a.attempts.WithLabelValues("throttled").Inc()
 		return "", ErrThrottled
 	}
-	user, err := a.verify(ctx, login, password)
+	withdraw := func() {
+		if ipKey != "" {
+			a.byIP.cancel(ipKey, ipAt)
+		}
+		a.byUser.cancel(userKey, userAt)
+	}
+	user, err := a.verify(ctx, account, password)
 	switch {
 	case errors.Is(err, ErrInvalidCredentials):
-		if ipKey != "" {
-			a.byIP.fail(ipKey)
-		}
-		a.byUser.fail(login)
 		a.attempts.WithLabelValues("invalid").Inc()
 		a.log.Info("authentication failed", "login", login, "remote", remote)
 		return "", err
 	case errors.Is(err, ErrDisabled):
+		withdraw()
 		a.attempts.WithLabelValues("disabled").Inc()
 		return "", err
 	case err != nil:
+		withdraw()
 		a.attempts.WithLabelValues("error").Inc()
 		return "", err
 	}
 	if ipKey != "" {
-		a.byIP.succeed(ipKey)
+		a.byIP.cancel(ipKey, ipAt)
 	}
-	a.byUser.succeed(login)
+	a.byUser.clear(userKey)
 	a.attempts.WithLabelValues("ok").Inc()
 	return user, nil
 }
 
-func (a *Authenticator) verify(ctx context.Context, login, password string) (string, error) {
-	if login == "" || password == "" {
-		return "", ErrInvalidCredentials
+// peerKey is the per-peer throttle key of remote, "" for a peer that is
+// not counted (no IP address, or a trusted network).
+func (a *Authenticator) peerKey(remote netip.Addr) string {
+	if !remote.IsValid() {
+		return ""
+	}
+	remote = remote.Unmap()
+	for _, p := range a.opts.TrustedNetworks {
+		if p.Contains(remote) {
+			return ""
+		}
+	}
+	return textconn.PeerKey(remote).String()
+}
+
+// resolve returns the canonical account login names, "" if none.
+func (a *Authenticator) resolve(ctx context.Context, login string) (string, error) {
+	if login == "" {
+		return "", nil
 	}
 	user, err := a.users.Resolve(ctx, login)
 	if errors.Is(err, store.ErrNotFound) {
-		// Spend the KDF anyway so timing does not reveal which users exist.
-		_, _ = VerifyPassword(dummyHash(), password)
-		return "", ErrInvalidCredentials
+		return "", nil
 	}
 	if err != nil {
 		return "", fmt.Errorf("auth: resolving %s: %w", login, err)
 	}
-	u, err := a.users.GetUser(ctx, user)
+	return user, nil
+}
+
+// verify checks password for account ("" when the login named no user).
+func (a *Authenticator) verify(ctx context.Context, account, password string) (string, error) {
+	if password == "" {
+		return "", ErrInvalidCredentials
+	}
+	if account == "" {
+		// Spend the KDF anyway so timing does not reveal which users exist.
+		_, _ = VerifyPassword(dummyHash(), password)
+		return "", ErrInvalidCredentials
+	}
+	u, err := a.users.GetUser(ctx, account)
 	if errors.Is(err, store.ErrNotFound) {
 		return "", ErrInvalidCredentials
 	}
 	if err != nil {
-		return "", fmt.Errorf("auth: reading %s: %w", user, err)
+		return "", fmt.Errorf("auth: reading %s: %w", account, err)
 	}
 	// The password is checked before the status, so that ErrDisabled
 	// reveals nothing to someone who does not know the password.

@@ -3,8 +3,10 @@ package auth
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -160,18 +162,156 @@ func TestThrottle(t *testing.T) {
 	}
 }
 
-func TestLoopbackNotThrottledByIP(t *testing.T) {
+func TestLoopbackThrottledUnlessTrusted(t *testing.T) {
 	d, a, _ := setup(t)
 	ctx := context.Background()
 	if err := d.AddUser(ctx, "bob@example.test", "password1", 0); err != nil {
 		t.Fatal(err)
 	}
 	lo := netip.MustParseAddr("127.0.0.1")
-	for i := 0; i < 5; i++ {
-		a.Authenticate(ctx, "alice", "wrong-pass", lo)
+	for i := range 3 {
+		a.Authenticate(ctx, fmt.Sprintf("guess%d", i), "wrong-pass", lo)
 	}
-	if _, err := a.Authenticate(ctx, "bob", "password1", lo); err != nil {
-		t.Fatalf("loopback peer throttled for another user: %v", err)
+	if _, err := a.Authenticate(ctx, "bob", "password1", lo); !errors.Is(err, ErrThrottled) {
+		t.Fatalf("loopback is not trusted by default, yet after 3 failures: %v", err)
+	}
+
+	e := d.Store.(UserStore)
+	trusted := NewAuthenticator(e, Options{DefaultDomain: "example.test", MaxFailures: 3,
+		TrustedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("2001:db8::/32")}})
+	for _, peer := range []string{"127.0.0.1", "2001:db8::1"} {
+		ip := netip.MustParseAddr(peer)
+		for i := range 5 {
+			trusted.Authenticate(ctx, fmt.Sprintf("guess%d", i), "wrong-pass", ip)
+		}
+		if _, err := trusted.Authenticate(ctx, "bob", "password1", ip); err != nil {
+			t.Fatalf("trusted peer %s throttled for another user: %v", peer, err)
+		}
+	}
+	// A trusted peer's attempts still count per account.
+	for range 3 {
+		trusted.Authenticate(ctx, "alice", "wrong-pass", lo)
+	}
+	if _, err := trusted.Authenticate(ctx, "alice", "password1", lo); !errors.Is(err, ErrThrottled) {
+		t.Fatalf("account throttle skipped for a trusted peer: %v", err)
+	}
+}
+
+// slowUser adds a user whose hash takes milliseconds to verify, so that
+// concurrent attempts overlap.
+func slowUser(t *testing.T, d *Directory, addr string) {
+	t.Helper()
+	slow := *d
+	slow.KDF = KDFParams{MemoryKiB: 4 << 10, Time: 1, Threads: 1}
+	if err := slow.AddUser(context.Background(), addr, "password1", 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Concurrent guesses are counted when they start: of 60 wrong passwords
+// for one account sent at once from one address, no more than the limit
+// are verified.
+func TestConcurrentGuessesCounted(t *testing.T) {
+	d, _, _ := setup(t)
+	slowUser(t, d, "carol@example.test")
+	a := NewAuthenticator(d.Store.(UserStore), Options{DefaultDomain: "example.test", MaxFailures: 10})
+	const n = 60
+	start := make(chan struct{})
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			_, err := a.Authenticate(context.Background(), "carol", fmt.Sprintf("wrong-%d", i), remote)
+			errs <- err
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	verified, throttled := 0, 0
+	for err := range errs {
+		switch {
+		case errors.Is(err, ErrInvalidCredentials):
+			verified++
+		case errors.Is(err, ErrThrottled):
+			throttled++
+		default:
+			t.Errorf("unexpected result %v", err)
+		}
+	}
+	if verified > 10 || verified+throttled != n {
+		t.Fatalf("%d of %d concurrent guesses verified (limit 10), %d throttled", verified, n, throttled)
+	}
+}
+
+// A valid login from an address does not reset that address's failures:
+// an attacker holding one account cannot interleave its own logins to
+// guess at others without limit.
+func TestSuccessKeepsPeerFailures(t *testing.T) {
+	_, a, _ := setup(t)
+	ctx := context.Background()
+	verified := 0
+	for i := range 20 {
+		if _, err := a.Authenticate(ctx, fmt.Sprintf("victim%d", i), "guess", remote); errors.Is(err, ErrInvalidCredentials) {
+			verified++
+		}
+		a.Authenticate(ctx, "alice", "password1", remote)
+	}
+	if verified > 3 {
+		t.Fatalf("%d of 20 guesses interleaved with good logins verified (limit 3)", verified)
+	}
+	// A success clears the failures of its own account.
+	other := netip.MustParseAddr("198.51.100.9")
+	for range 2 {
+		a.Authenticate(ctx, "alice", "wrong-pass", other)
+	}
+	if _, err := a.Authenticate(ctx, "alice", "password1", netip.MustParseAddr("198.51.100.10")); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := a.Authenticate(ctx, "alice", "wrong-pass", netip.MustParseAddr("198.51.100.11")); !errors.Is(err, ErrInvalidCredentials) {
+			t.Fatalf("account failures not cleared by its success: %v", err)
+		}
+	}
+}
+
+// An alias and its account share one budget: the throttle counts the
+// resolved account, not the typed login.
+func TestAliasSharesAccountBudget(t *testing.T) {
+	_, a, _ := setup(t)
+	ctx := context.Background()
+	for i, login := range []string{"ali@example.test", "ALI@example.test", "alice"} {
+		peer := netip.AddrFrom4([4]byte{198, 51, 100, byte(i + 1)})
+		if _, err := a.Authenticate(ctx, login, "wrong-pass", peer); !errors.Is(err, ErrInvalidCredentials) {
+			t.Fatalf("failure %d: %v", i, err)
+		}
+	}
+	if _, err := a.Authenticate(ctx, "alice@example.test", "password1", netip.MustParseAddr("198.51.100.50")); !errors.Is(err, ErrThrottled) {
+		t.Fatalf("after 3 failures through alias and account: %v", err)
+	}
+}
+
+// IPv6 peers are counted per /64, as connections are: rotating the
+// interface identifier does not buy more guesses.
+func TestIPv6ThrottledPerSlash64(t *testing.T) {
+	_, a, _ := setup(t)
+	ctx := context.Background()
+	verified := 0
+	for i := range 20 {
+		peer := netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0, 1, 0, 2, 8: byte(i), 15: byte(i + 1)})
+		if _, err := a.Authenticate(ctx, fmt.Sprintf("victim%d", i), "guess", peer); errors.Is(err, ErrInvalidCredentials) {
+			verified++
+		}
+	}
+	if verified > 3 {
+		t.Fatalf("%d of 20 guesses from one /64 verified (limit 3)", verified)
+	}
+	// Another /64 has its own budget.
+	if _, err := a.Authenticate(ctx, "alice", "password1", netip.MustParseAddr("2001:db8:1:3::1")); err != nil {
+		t.Fatalf("neighbouring /64: %v", err)
 	}
 }
 

@@ -5,11 +5,15 @@ import (
 	"time"
 )
 
-// throttle counts authentication failures per key (a remote IP, a user) in
-// a sliding window. Once a key reaches the limit it is refused until its
-// oldest counted failure leaves the window (refused attempts are not
-// verified, so they are not counted). Memory is bounded: at most maxKeys keys are
-// tracked, the stalest dropped first.
+// throttle counts authentication attempts per key (a remote network, an
+// account) in a sliding window. An attempt is reserved when it starts, in
+// the same critical section as the check, so that concurrent attempts
+// cannot all pass a check made before any of them is counted; what happens
+// to the reservation afterwards is the caller's: a failure keeps it, an
+// attempt that was not a failure cancels it. A key with limit reservations
+// inside the window is refused until the oldest leaves the window (refused
+// attempts are not verified, so they are not counted). Memory is bounded:
+// at most maxKeys keys are tracked, the stalest dropped first.
 type throttle struct {
 	limit   int
 	window  time.Duration
@@ -28,29 +32,12 @@ func newThrottle(limit int, window time.Duration, maxKeys int, now func() time.T
 	return &throttle{limit: limit, window: window, maxKeys: maxKeys, now: now, keys: map[string]*failures{}}
 }
 
-// blocked reports whether key has used up its failures.
-func (t *throttle) blocked(key string) bool {
+// reserve counts one attempt for key if key is under its limit and reports
+// whether it did; at identifies the reservation for cancel. A throttle
+// with no limit admits everything and counts nothing.
+func (t *throttle) reserve(key string) (at time.Time, ok bool) {
 	if t.limit <= 0 {
-		return false
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	f := t.keys[key]
-	if f == nil {
-		return false
-	}
-	f.expire(t.now().Add(-t.window))
-	if len(f.times) == 0 {
-		delete(t.keys, key)
-		return false
-	}
-	return len(f.times) >= t.limit
-}
-
-// fail records a failure for key.
-func (t *throttle) fail(key string) {
-	if t.limit <= 0 {
-		return
+		return time.Time{}, true
 	}
 	now := t.now()
 	t.mu.Lock()
@@ -65,20 +52,44 @@ func (t *throttle) fail(key string) {
 	}
 	f.expire(now.Add(-t.window))
 	if len(f.times) >= t.limit {
-		f.times = f.times[1:]
+		return time.Time{}, false
 	}
 	f.times = append(f.times, now)
+	return now, true
 }
 
-// succeed forgets key's failures.
-func (t *throttle) succeed(key string) {
+// cancel withdraws one reservation made at at, leaving every other
+// reservation and failure of key counted.
+func (t *throttle) cancel(key string, at time.Time) {
+	if t.limit <= 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	f := t.keys[key]
+	if f == nil {
+		return
+	}
+	for i := len(f.times) - 1; i >= 0; i-- {
+		if f.times[i].Equal(at) {
+			f.times = append(f.times[:i], f.times[i+1:]...)
+			break
+		}
+	}
+	if len(f.times) == 0 {
+		delete(t.keys, key)
+	}
+}
+
+// clear forgets everything counted for key.
+func (t *throttle) clear(key string) {
 	t.mu.Lock()
 	delete(t.keys, key)
 	t.mu.Unlock()
 }
 
 // evictLocked drops expired keys, and if none expired, the key whose last
-// failure is oldest.
+// attempt is oldest.
 func (t *throttle) evictLocked(now time.Time) {
 	var oldestKey string
 	var oldest time.Time

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -81,6 +82,10 @@ type Auth struct {
 	// one user, make further attempts fail until the window passes.
 	MaxFailures   int      `toml:"max_failures"`
 	FailureWindow Duration `toml:"failure_window"`
+	// TrustedNetworks (CIDRs, or single addresses) are exempt from the
+	// per-address count of failures, never from the per-account one: a
+	// webmail or proxy on them logs in many users from one address.
+	TrustedNetworks []string `toml:"trusted_networks"`
 	// CacheTTL is how long a verified login is remembered so that polling
 	// clients do not pay for argon2id at every login; a negative value
 	// disables the cache. A password change invalidates it at once.
@@ -311,6 +316,9 @@ func (c *Config) Validate() error {
 	if c.Auth.MaxFailures < 1 {
 		bad("auth.max_failures must be positive")
 	}
+	if _, err := ParsePrefixes(c.Auth.TrustedNetworks); err != nil {
+		bad("auth.trusted_networks: %v", err)
+	}
 	switch c.Store.Engine {
 	case "embedded":
 	case "cassandra":
@@ -335,6 +343,25 @@ func (c *Config) Validate() error {
 		bad("log.flush_interval must not be negative")
 	}
 	return errors.Join(errs...)
+}
+
+// ParsePrefixes parses CIDR prefixes; a bare address is its own /32 or
+// /128.
+func ParsePrefixes(list []string) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(list))
+	for _, s := range list {
+		if a, err := netip.ParseAddr(s); err == nil {
+			a = a.Unmap()
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not an address or CIDR prefix", s)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 // Enabled reports whether a listener address is on.

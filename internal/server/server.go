@@ -102,13 +102,15 @@ func (s *Server) Start() (err error) {
 	if err != nil {
 		return err
 	}
+	trusted, _ := config.ParsePrefixes(cfg.Auth.TrustedNetworks) // validated in New
 	authn := auth.NewAuthenticator(s.store, auth.Options{
-		DefaultDomain: cfg.Domains[0],
-		MaxFailures:   cfg.Auth.MaxFailures,
-		FailureWindow: cfg.Auth.FailureWindow.Duration,
-		CacheTTL:      cfg.Auth.CacheTTL.Duration,
-		Logger:        s.log.With("component", "auth"),
-		Registry:      s.reg,
+		DefaultDomain:   cfg.Domains[0],
+		MaxFailures:     cfg.Auth.MaxFailures,
+		FailureWindow:   cfg.Auth.FailureWindow.Duration,
+		TrustedNetworks: trusted,
+		CacheTTL:        cfg.Auth.CacheTTL.Duration,
+		Logger:          s.log.With("component", "auth"),
+		Registry:        s.reg,
 	})
 	// The change hub wakes IMAP sessions (IDLE) when mail is delivered.
 	hub := mailbox.NewHub()
