@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -48,9 +49,16 @@ type Options struct {
 	// negative value disables the cache). Changing the password invalidates
 	// the entry, since the stored hash is part of its key.
 	CacheTTL time.Duration
-	Logger   *slog.Logger
-	Registry prometheus.Registerer
-	Now      func() time.Time
+	// KDFMemoryBudget bounds the memory of the password checks running at
+	// once, and KDFConcurrency their number (defaults: 256 MiB, and
+	// GOMAXPROCS, since each check is one core's work). A check that finds
+	// no room waits at most KDFWait (default 2 s), then fails with ErrBusy.
+	KDFMemoryBudget int64
+	KDFConcurrency  int
+	KDFWait         time.Duration
+	Logger          *slog.Logger
+	Registry        prometheus.Registerer
+	Now             func() time.Time
 }
 
 // Authenticator verifies credentials. It is safe for concurrent use.
@@ -60,6 +68,7 @@ type Authenticator struct {
 	log    *slog.Logger
 	byIP   *throttle
 	byUser *throttle
+	kdf    *kdfPool
 
 	cacheMu sync.Mutex
 	cache   map[[32]byte]time.Time // verified (user, password, hash) -> expiry
@@ -80,6 +89,15 @@ func NewAuthenticator(users UserStore, opts Options) *Authenticator {
 	if opts.CacheTTL == 0 {
 		opts.CacheTTL = 5 * time.Minute
 	}
+	if opts.KDFMemoryBudget <= 0 {
+		opts.KDFMemoryBudget = 256 << 20
+	}
+	if opts.KDFConcurrency <= 0 {
+		opts.KDFConcurrency = runtime.GOMAXPROCS(0)
+	}
+	if opts.KDFWait <= 0 {
+		opts.KDFWait = 2 * time.Second
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -92,10 +110,11 @@ func NewAuthenticator(users UserStore, opts Options) *Authenticator {
 		log:    opts.Logger,
 		byIP:   newThrottle(opts.MaxFailures, opts.FailureWindow, 100_000, opts.Now),
 		byUser: newThrottle(opts.MaxFailures, opts.FailureWindow, 100_000, opts.Now),
+		kdf:    newKDFPool(opts.KDFMemoryBudget, opts.KDFConcurrency, opts.KDFWait),
 		cache:  map[[32]byte]time.Time{},
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quill_auth_attempts_total",
-			Help: "Authentication attempts by result (ok, invalid, throttled, disabled, error).",
+			Help: "Authentication attempts by result (ok, invalid, throttled, busy, disabled, error).",
 		}, []string{"result"}),
 	}
 	if opts.Registry != nil {
@@ -115,8 +134,8 @@ func (a *Authenticator) NormalizeLogin(username string) string {
 
 // Authenticate verifies a username (an address or alias, or a local part
 // of the default domain) and password and returns the canonical user. It
-// returns ErrInvalidCredentials, ErrThrottled or ErrDisabled, or a wrapped
-// storage error (temporary).
+// returns ErrInvalidCredentials, ErrThrottled, ErrBusy or ErrDisabled, or
+// a wrapped storage or context error (temporary).
 //
 // Throttling: the attempt is counted against the peer and the account
 // before the password is checked, atomically with the check against the
@@ -169,6 +188,10 @@ func (a *Authenticator) Authenticate(ctx context.Context, username, password str
 		withdraw()
 		a.attempts.WithLabelValues("disabled").Inc()
 		return "", err
+	case errors.Is(err, ErrBusy):
+		withdraw()
+		a.attempts.WithLabelValues("busy").Inc()
+		return "", err
 	case err != nil:
 		withdraw()
 		a.attempts.WithLabelValues("error").Inc()
@@ -218,8 +241,11 @@ func (a *Authenticator) verify(ctx context.Context, account, password string) (s
 		return "", ErrInvalidCredentials
 	}
 	if account == "" {
-		// Spend the KDF anyway so timing does not reveal which users exist.
-		_, _ = VerifyPassword(dummyHash(), password)
+		// Spend the KDF anyway, through the same pool, so that timing does
+		// not reveal which users exist.
+		if _, err := a.checkHash(ctx, dummyHash(), password); err != nil {
+			return "", err
+		}
 		return "", ErrInvalidCredentials
 	}
 	u, err := a.users.GetUser(ctx, account)
@@ -233,10 +259,13 @@ func (a *Authenticator) verify(ctx context.Context, account, password string) (s
 	// reveals nothing to someone who does not know the password.
 	key := sha256.Sum256([]byte(u.Address + "\x00" + password + "\x00" + u.PasswordHash))
 	if !a.cached(key) {
-		ok, err := VerifyPassword(u.PasswordHash, password)
-		if err != nil {
+		ok, err := a.checkHash(ctx, u.PasswordHash, password)
+		if errors.Is(err, errBadHash) {
 			a.log.Error("stored password hash unusable", "user", u.Address, "err", err)
 			return "", ErrInvalidCredentials
+		}
+		if err != nil {
+			return "", err
 		}
 		if !ok {
 			return "", ErrInvalidCredentials
@@ -247,6 +276,20 @@ func (a *Authenticator) verify(ctx context.Context, account, password string) (s
 		return "", ErrDisabled
 	}
 	return u.Address, nil
+}
+
+// checkHash verifies password against a PHC hash within the KDF pool.
+func (a *Authenticator) checkHash(ctx context.Context, hash, password string) (bool, error) {
+	h, err := parseHash(hash)
+	if err != nil {
+		return false, err
+	}
+	release, err := a.kdf.acquire(ctx, h.p.MemoryKiB)
+	if err != nil {
+		return false, err
+	}
+	defer release()
+	return h.verify(password), nil
 }
 
 func (a *Authenticator) cached(key [32]byte) bool {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -325,5 +326,127 @@ func TestDisabledNeedsPassword(t *testing.T) {
 	}
 	if _, err := a.Authenticate(ctx, "alice", "wrong-pass", remote); !errors.Is(err, ErrInvalidCredentials) {
 		t.Fatalf("disabled user, wrong password: %v (must not reveal the account)", err)
+	}
+}
+
+func TestKDFPool(t *testing.T) {
+	ctx := context.Background()
+	// Budget for two 1 MiB evaluations.
+	p := newKDFPool(2<<20, 8, 20*time.Millisecond)
+	r1, err := p.acquire(ctx, 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := p.acquire(ctx, 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.acquire(ctx, 1024); !errors.Is(err, ErrBusy) {
+		t.Fatalf("third evaluation over the memory budget: %v, want ErrBusy", err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := p.acquire(cctx, 1024); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled wait: %v", err)
+	}
+	// A waiter is admitted when room is released.
+	p.wait = time.Minute
+	got := make(chan error, 1)
+	go func() {
+		r, err := p.acquire(ctx, 1024)
+		if err == nil {
+			r()
+		}
+		got <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		p.mu.Lock()
+		n := p.waiters.Len()
+		p.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the third evaluation never queued")
+		}
+		runtime.Gosched()
+	}
+	r1()
+	if err := <-got; err != nil {
+		t.Fatalf("waiter after a release: %v", err)
+	}
+	r2()
+	// A hash larger than the whole budget still runs, alone.
+	p.wait = time.Millisecond
+	big, err := p.acquire(ctx, 8<<10)
+	if err != nil {
+		t.Fatalf("hash larger than the budget: %v", err)
+	}
+	if _, err := p.acquire(ctx, 1); !errors.Is(err, ErrBusy) {
+		t.Fatalf("evaluation beside one holding the whole budget: %v", err)
+	}
+	p.wait = time.Millisecond
+	big()
+	if p.used != 0 || p.waiters.Len() != 0 {
+		t.Fatalf("pool not empty at rest: used %d, %d waiters", p.used, p.waiters.Len())
+	}
+}
+
+// The slots bound concurrency whatever the memory: with 2 slots, at most
+// two checks run at once.
+func TestKDFPoolSlots(t *testing.T) {
+	p := newKDFPool(256<<20, 2, time.Minute)
+	var mu sync.Mutex
+	running, peak := 0, 0
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := p.acquire(context.Background(), 64)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			running++
+			peak = max(peak, running)
+			mu.Unlock()
+			if _, err := HashPassword("x", fastKDF); err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			running--
+			mu.Unlock()
+			r()
+		}()
+	}
+	wg.Wait()
+	if peak > 2 {
+		t.Fatalf("%d checks ran at once with 2 slots", peak)
+	}
+}
+
+// Unknown and known users alike go through the pool (timing must not
+// reveal which exist), and a refused check counts against nobody.
+func TestAuthenticateBusy(t *testing.T) {
+	d, _, _ := setup(t)
+	a := NewAuthenticator(d.Store.(UserStore), Options{DefaultDomain: "example.test", MaxFailures: 3,
+		KDFConcurrency: 1, KDFWait: time.Millisecond, CacheTTL: -1})
+	ctx := context.Background()
+	hold, err := a.kdf.acquire(ctx, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		for _, login := range []string{"alice", "nobody"} {
+			if _, err := a.Authenticate(ctx, login, "password1", remote); !errors.Is(err, ErrBusy) {
+				t.Fatalf("%s with the pool full: %v, want ErrBusy", login, err)
+			}
+		}
+	}
+	hold()
+	if u, err := a.Authenticate(ctx, "alice", "password1", remote); err != nil || u != "alice@example.test" {
+		t.Fatalf("after the pool drained, busy attempts had been counted: %q, %v", u, err)
 	}
 }

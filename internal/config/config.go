@@ -86,6 +86,13 @@ type Auth struct {
 	// per-address count of failures, never from the per-account one: a
 	// webmail or proxy on them logs in many users from one address.
 	TrustedNetworks []string `toml:"trusted_networks"`
+	// KDFMemoryBudget (bytes) bounds the memory of the password checks
+	// (argon2id) running at once, KDFConcurrency their number (0: one per
+	// CPU). A check finding no room waits up to KDFWait, then the login
+	// gets a temporary failure.
+	KDFMemoryBudget int64    `toml:"kdf_memory_budget"`
+	KDFConcurrency  int      `toml:"kdf_concurrency"`
+	KDFWait         Duration `toml:"kdf_wait"`
 	// CacheTTL is how long a verified login is remembered so that polling
 	// clients do not pay for argon2id at every login; a negative value
 	// disables the cache. A password change invalidates it at once.
@@ -213,6 +220,12 @@ func Default() Config {
 			// Shorter than typical POP3/IMAP polling intervals would be
 			// pointless; 5 minutes covers them.
 			CacheTTL: Duration{5 * time.Minute},
+			// 256 MiB holds 13 checks at the default 19 MiB, more than a
+			// small node has cores, and is a small share of its memory.
+			KDFMemoryBudget: 256 << 20,
+			// 2 s: a login queued behind a burst is still served, while a
+			// flood is refused quickly instead of piling up.
+			KDFWait: Duration{2 * time.Second},
 		},
 		// "+" is the subaddress separator most users know (RFC 5233).
 		Delivery: Delivery{SubaddressSeparator: "+"},
@@ -315,6 +328,15 @@ func (c *Config) Validate() error {
 	}
 	if c.Auth.MaxFailures < 1 {
 		bad("auth.max_failures must be positive")
+	}
+	if c.Auth.KDFMemoryBudget < 19<<20 {
+		bad("auth.kdf_memory_budget must be at least 19 MiB (one check at the default cost)")
+	}
+	if c.Auth.KDFConcurrency < 0 {
+		bad("auth.kdf_concurrency must not be negative")
+	}
+	if c.Auth.KDFWait.Duration <= 0 {
+		bad("auth.kdf_wait must be positive")
 	}
 	if _, err := ParsePrefixes(c.Auth.TrustedNetworks); err != nil {
 		bad("auth.trusted_networks: %v", err)
