@@ -38,6 +38,9 @@ type Config struct {
 	Delivery  Delivery  `toml:"delivery"`
 	Store     Store     `toml:"store"`
 	Log       Log       `toml:"log"`
+
+	// ProxyProtocol: listeners behind a proxy that passes the client's address.
+	ProxyProtocol ProxyProtocol `toml:"proxy_protocol"`
 }
 
 // Listeners are host:port addresses, or "off".
@@ -97,6 +100,17 @@ type Auth struct {
 	// clients do not pay for argon2id at every login; a negative value
 	// disables the cache. A password change invalidates it at once.
 	CacheTTL Duration `toml:"cache_ttl"`
+}
+
+// ProxyProtocol names the listeners that expect the HAProxy PROXY protocol
+// (v1 or v2) header from every connection, and the proxies trusted to send
+// it. On those listeners, connections from elsewhere are refused, and the
+// client address in the header is the peer everywhere (connection limits,
+// authentication throttle, logs, Received fields).
+type ProxyProtocol struct {
+	Listeners      []string `toml:"listeners"`       // e.g. ["imap", "submission"]
+	TrustedProxies []string `toml:"trusted_proxies"` // CIDRs or addresses
+	HeaderTimeout  Duration `toml:"header_timeout"`
 }
 
 // Delivery configures local delivery.
@@ -227,6 +241,9 @@ func Default() Config {
 			// flood is refused quickly instead of piling up.
 			KDFWait: Duration{2 * time.Second},
 		},
+		// A proxy sends the header with its first bytes; 5 s allows a slow
+		// network and frees a stalled connection quickly.
+		ProxyProtocol: ProxyProtocol{HeaderTimeout: Duration{5 * time.Second}},
 		// "+" is the subaddress separator most users know (RFC 5233).
 		Delivery: Delivery{SubaddressSeparator: "+"},
 		// Bodies share the block cache with metadata; below about 256 MiB,
@@ -341,6 +358,7 @@ func (c *Config) Validate() error {
 	if _, err := ParsePrefixes(c.Auth.TrustedNetworks); err != nil {
 		bad("auth.trusted_networks: %v", err)
 	}
+	validateProxyProtocol(c.ProxyProtocol, bad)
 	switch c.Store.Engine {
 	case "embedded":
 	case "cassandra":
@@ -401,6 +419,26 @@ func checkAddr(addr string) error {
 		return fmt.Errorf("%q has a bad port", addr)
 	}
 	return nil
+}
+
+// validateProxyProtocol checks the [proxy_protocol] section.
+func validateProxyProtocol(p ProxyProtocol, bad func(string, ...any)) {
+	for _, name := range p.Listeners {
+		switch name {
+		case "smtp", "submission", "submissions", "lmtp", "pop3", "pop3s", "imap", "imaps":
+		default:
+			bad("proxy_protocol.listeners: %q is not a TCP mail listener", name)
+		}
+	}
+	trusted, err := ParsePrefixes(p.TrustedProxies)
+	if err != nil {
+		bad("proxy_protocol.trusted_proxies: %v", err)
+	} else if len(p.Listeners) > 0 && len(trusted) == 0 {
+		bad("proxy_protocol.trusted_proxies must name the proxies when proxy_protocol.listeners is set")
+	}
+	if p.HeaderTimeout.Duration <= 0 {
+		bad("proxy_protocol.header_timeout must be positive")
+	}
 }
 
 // validateCassandra checks the [store.cassandra] section.

@@ -72,11 +72,13 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	c.Store.Engine = "mongodb"
 	c.Log.FlushInterval.Duration = -time.Second
 	c.Auth.TrustedNetworks = []string{"10.0.0.0/8", "10.0.0.0/33"}
+	c.ProxyProtocol.Listeners = []string{"imap", "admin"}
 	err := c.Validate()
 	if err == nil {
 		t.Fatal("invalid config accepted")
 	}
-	for _, want := range []string{"domain", "listeners.smtp", "key_file", "max_recipients", "store.engine", "log.flush_interval", "auth.trusted_networks"} {
+	for _, want := range []string{"domain", "listeners.smtp", "key_file", "max_recipients", "store.engine", "log.flush_interval", "auth.trusted_networks",
+		"proxy_protocol.listeners", "proxy_protocol.trusted_proxies"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not mention %s: %v", want, err)
 		}

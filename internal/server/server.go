@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -191,6 +192,10 @@ func (s *Server) Start() (err error) {
 		ln, err := listen(x.network, x.addr)
 		if err != nil {
 			return fmt.Errorf("listener %s: %w", x.name, err)
+		}
+		if slices.Contains(cfg.ProxyProtocol.Listeners, x.name) {
+			proxies, _ := config.ParsePrefixes(cfg.ProxyProtocol.TrustedProxies) // validated in New
+			ln = textconn.NewProxyListener(ln, proxies, cfg.ProxyProtocol.HeaderTimeout.Duration, s.log.With("listener", x.name))
 		}
 		s.listeners[x.name] = ln
 		s.servers[x.name] = x.srv()
