@@ -52,7 +52,7 @@ type Options struct {
 	// KDFMemoryBudget bounds the memory of the password checks running at
 	// once, and KDFConcurrency their number (defaults: 256 MiB, and
 	// GOMAXPROCS, since each check is one core's work). A check that finds
-	// no room waits at most KDFWait (default 2 s), then fails with ErrBusy.
+	// no room waits at most KDFWait (default 5 s), then fails with ErrBusy.
 	KDFMemoryBudget int64
 	KDFConcurrency  int
 	KDFWait         time.Duration
@@ -96,7 +96,7 @@ func NewAuthenticator(users UserStore, opts Options) *Authenticator {
 		opts.KDFConcurrency = runtime.GOMAXPROCS(0)
 	}
 	if opts.KDFWait <= 0 {
-		opts.KDFWait = 2 * time.Second
+		opts.KDFWait = 5 * time.Second
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -139,7 +139,8 @@ func (a *Authenticator) NormalizeLogin(username string) string {
 //
 // Throttling: the attempt is counted against the peer and the account
 // before the password is checked, atomically with the check against the
-// limit, and stays counted if it fails. A success withdraws its own count
+// limit (waiting while the limit is reached only by attempts in progress),
+// and stays counted if it fails. A success withdraws its own count
 // from the peer (never the peer's failures: one valid account must not buy
 // guesses at others) and clears the account's failures. An attempt that
 // ends in neither (disabled account, storage error) withdraws both counts.
@@ -155,22 +156,26 @@ func (a *Authenticator) Authenticate(ctx context.Context, username, password str
 		userKey = login
 	}
 	ipKey := a.peerKey(remote)
+	refused := func(err error) (string, error) {
+		if errors.Is(err, ErrThrottled) {
+			a.attempts.WithLabelValues("throttled").Inc()
+		} else {
+			a.attempts.WithLabelValues("error").Inc()
+		}
+		return "", err
+	}
 	var ipAt time.Time
 	if ipKey != "" {
-		at, ok := a.byIP.reserve(ipKey)
-		if !ok {
-			a.attempts.WithLabelValues("throttled").Inc()
-			return "", ErrThrottled
+		if ipAt, err = a.byIP.reserve(ctx, ipKey); err != nil {
+			return refused(err)
 		}
-		ipAt = at
 	}
-	userAt, ok := a.byUser.reserve(userKey)
-	if !ok {
+	userAt, err := a.byUser.reserve(ctx, userKey)
+	if err != nil {
 		if ipKey != "" {
 			a.byIP.cancel(ipKey, ipAt)
 		}
-		a.attempts.WithLabelValues("throttled").Inc()
-		return "", ErrThrottled
+		return refused(err)
 	}
 	withdraw := func() {
 		if ipKey != "" {
@@ -181,6 +186,10 @@ func (a *Authenticator) Authenticate(ctx context.Context, username, password str
 	user, err := a.verify(ctx, account, password)
 	switch {
 	case errors.Is(err, ErrInvalidCredentials):
+		if ipKey != "" {
+			a.byIP.fail(ipKey)
+		}
+		a.byUser.fail(userKey)
 		a.attempts.WithLabelValues("invalid").Inc()
 		a.log.Info("authentication failed", "login", login, "remote", remote)
 		return "", err

@@ -450,3 +450,33 @@ func TestAuthenticateBusy(t *testing.T) {
 		t.Fatalf("after the pool drained, busy attempts had been counted: %q, %v", u, err)
 	}
 }
+
+// More logins at once from one address than the failure limit all succeed:
+// attempts in progress make others wait rather than be refused, so a NAT
+// or a proxy's concurrent logins are not mistaken for guessing.
+func TestConcurrentLoginsFromOnePeer(t *testing.T) {
+	d, _, _ := setup(t)
+	slowUser(t, d, "carol@example.test")
+	a := NewAuthenticator(d.Store.(UserStore), Options{DefaultDomain: "example.test", MaxFailures: 3, CacheTTL: -1})
+	const n = 20
+	start := make(chan struct{})
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			_, err := a.Authenticate(context.Background(), "carol", "password1", remote)
+			errs <- err
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("concurrent good login from one peer: %v", err)
+		}
+	}
+}

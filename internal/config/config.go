@@ -237,9 +237,10 @@ func Default() Config {
 			// 256 MiB holds 13 checks at the default 19 MiB, more than a
 			// small node has cores, and is a small share of its memory.
 			KDFMemoryBudget: 256 << 20,
-			// 2 s: a login queued behind a burst is still served, while a
-			// flood is refused quickly instead of piling up.
-			KDFWait: Duration{2 * time.Second},
+			// 5 s: the first logins of a few hundred clients connecting at
+			// once (about 50 ms a check, two cores) are still served, while
+			// a flood is refused within seconds instead of piling up.
+			KDFWait: Duration{5 * time.Second},
 		},
 		// A proxy sends the header with its first bytes; 5 s allows a slow
 		// network and frees a stalled connection quickly.
