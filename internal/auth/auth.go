@@ -118,7 +118,15 @@ func NewAuthenticator(users UserStore, opts Options) *Authenticator {
 		}, []string{"result"}),
 	}
 	if opts.Registry != nil {
-		opts.Registry.MustRegister(a.attempts)
+		opts.Registry.MustRegister(a.attempts,
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "quill_auth_kdf_waiting",
+				Help: "Password checks waiting for room in the KDF pool.",
+			}, func() float64 { _, w := a.kdf.load(); return float64(w) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "quill_auth_kdf_memory_bytes",
+				Help: "Share of auth.kdf_memory_budget held by the password checks running.",
+			}, func() float64 { u, _ := a.kdf.load(); return float64(u) }))
 	}
 	return a
 }
@@ -143,7 +151,8 @@ func (a *Authenticator) NormalizeLogin(username string) string {
 // and stays counted if it fails. A success withdraws its own count
 // from the peer (never the peer's failures: one valid account must not buy
 // guesses at others) and clears the account's failures. An attempt that
-// ends in neither (disabled account, storage error) withdraws both counts.
+// ends in neither (disabled account, pool busy, storage error) withdraws
+// both counts.
 func (a *Authenticator) Authenticate(ctx context.Context, username, password string, remote netip.Addr) (string, error) {
 	login := a.NormalizeLogin(username)
 	account, err := a.resolve(ctx, login)

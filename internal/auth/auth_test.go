@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"quill/internal/store"
 	"quill/internal/store/embedded"
 )
@@ -431,12 +433,16 @@ func TestKDFPoolSlots(t *testing.T) {
 // reveal which exist), and a refused check counts against nobody.
 func TestAuthenticateBusy(t *testing.T) {
 	d, _, _ := setup(t)
+	reg := prometheus.NewRegistry()
 	a := NewAuthenticator(d.Store.(UserStore), Options{DefaultDomain: "example.test", MaxFailures: 3,
-		KDFConcurrency: 1, KDFWait: time.Millisecond, CacheTTL: -1})
+		KDFConcurrency: 1, KDFMemoryBudget: 32 << 20, KDFWait: time.Millisecond, CacheTTL: -1, Registry: reg})
 	ctx := context.Background()
 	hold, err := a.kdf.acquire(ctx, 64)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if got := gauge(t, reg, "quill_auth_kdf_memory_bytes"); got != 32<<20 {
+		t.Fatalf("quill_auth_kdf_memory_bytes = %v with the pool's one slot held, want %d", got, 32<<20)
 	}
 	for range 5 {
 		for _, login := range []string{"alice", "nobody"} {
@@ -479,4 +485,19 @@ func TestConcurrentLoginsFromOnePeer(t *testing.T) {
 			t.Errorf("concurrent good login from one peer: %v", err)
 		}
 	}
+}
+
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }

@@ -82,6 +82,13 @@ func (p *kdfPool) acquire(ctx context.Context, memKiB uint32) (release func(), e
 	return nil, err
 }
 
+// load returns the budget held (bytes) and the number of waiters.
+func (p *kdfPool) load() (usedBytes int64, waiting int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.used << 10, p.waiters.Len()
+}
+
 func (p *kdfPool) release(cost int64) {
 	p.mu.Lock()
 	p.used -= cost
