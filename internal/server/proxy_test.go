@@ -125,3 +125,51 @@ func TestProxyProtocolUntrustedPeer(t *testing.T) {
 		t.Fatalf("untrusted peer got %q", b)
 	}
 }
+
+// The client address from the header is the one the Received field names.
+func TestProxyProtocolReceivedField(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Listeners.LMTPSocket = ""
+	cfg.ProxyProtocol.Listeners = []string{"smtp"}
+	cfg.ProxyProtocol.TrustedProxies = []string{"127.0.0.1"}
+	addUser(t, cfg, "alice@example.test")
+	s, err := New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	ls := s.Listeners()
+
+	c, _ := proxyConn(t, ls["smtp"], []byte("PROXY TCP6 2001:db8::7 2001:db8::1 50000 25\r\n"))
+	replies := converse(t, c, "EHLO client.example.test", "MAIL FROM:<sender@remote.test>",
+		"RCPT TO:<alice@example.test>", "DATA", "Subject: via a proxy\r\n\r\nhello\r\n.", "QUIT")
+	if !strings.HasPrefix(replies[len(replies)-2], "250 ") {
+		t.Fatalf("delivery through the proxy: %q", replies)
+	}
+	p, err := net.Dial("tcp", ls["pop3"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.SetDeadline(time.Now().Add(30 * time.Second))
+	r := bufio.NewReader(p)
+	r.ReadString('\n')
+	fmt.Fprintf(p, "USER alice\r\nPASS password1\r\nRETR 1\r\n")
+	var msg strings.Builder
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("POP3: %v (so far %q)", err, msg.String())
+		}
+		msg.WriteString(line)
+		if line == ".\r\n" || strings.HasPrefix(line, "-ERR") {
+			break
+		}
+	}
+	if !strings.Contains(msg.String(), "([IPv6:2001:db8::7])") {
+		t.Fatalf("Received field does not name the client:\n%s", msg.String())
+	}
+}
