@@ -56,9 +56,13 @@ type Options struct {
 	KDFMemoryBudget int64
 	KDFConcurrency  int
 	KDFWait         time.Duration
-	Logger          *slog.Logger
-	Registry        prometheus.Registerer
-	Now             func() time.Time
+	// ReleaseMemory, if set, is called (on its own goroutine, at most every
+	// 10 s) when the KDF pool goes idle after checks worth its whole
+	// budget, to hand the freed hash memory back (debug.FreeOSMemory).
+	ReleaseMemory func()
+	Logger        *slog.Logger
+	Registry      prometheus.Registerer
+	Now           func() time.Time
 }
 
 // Authenticator verifies credentials. It is safe for concurrent use.
@@ -104,13 +108,15 @@ func NewAuthenticator(users UserStore, opts Options) *Authenticator {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	pool := newKDFPool(opts.KDFMemoryBudget, opts.KDFConcurrency, opts.KDFWait)
+	pool.onIdle = opts.ReleaseMemory
 	a := &Authenticator{
 		users:  users,
 		opts:   opts,
 		log:    opts.Logger,
 		byIP:   newThrottle(opts.MaxFailures, opts.FailureWindow, 100_000, opts.Now),
 		byUser: newThrottle(opts.MaxFailures, opts.FailureWindow, 100_000, opts.Now),
-		kdf:    newKDFPool(opts.KDFMemoryBudget, opts.KDFConcurrency, opts.KDFWait),
+		kdf:    pool,
 		cache:  map[[32]byte]time.Time{},
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quill_auth_attempts_total",

@@ -501,3 +501,49 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Fatalf("no metric %s", name)
 	return 0
 }
+
+// After checks worth its whole budget, a pool going idle hands memory back
+// once, and not again within the interval.
+func TestKDFPoolReleasesWhenIdle(t *testing.T) {
+	c := &clock{t: time.Unix(1_800_000_000, 0)}
+	released := make(chan struct{}, 10)
+	p := newKDFPool(4<<20, 2, time.Minute) // 2 slots of 2 MiB
+	p.onIdle, p.now = func() { released <- struct{}{} }, c.now
+	run := func(n int) {
+		for range n {
+			r, err := p.acquire(context.Background(), 1024)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r()
+		}
+	}
+	// releasedOnce waits for the release the pool decided on; notReleased
+	// checks the pool decided on none (lastIdle records each decision).
+	releasedOnce := func(what string) {
+		t.Helper()
+		select {
+		case <-released:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no release %s", what)
+		}
+	}
+	notReleased := func(what string, since time.Time) {
+		t.Helper()
+		p.mu.Lock()
+		last := p.lastIdle
+		p.mu.Unlock()
+		if !last.Equal(since) || len(released) != 0 {
+			t.Fatalf("released %s", what)
+		}
+	}
+	run(1)
+	notReleased("after half a budget of checks", time.Time{})
+	run(1)
+	releasedOnce("after a whole budget of checks")
+	run(4)
+	notReleased("again within the interval", c.t)
+	c.t = c.t.Add(11 * time.Second)
+	run(2)
+	releasedOnce("after the interval")
+}

@@ -21,13 +21,24 @@ import (
 // one waits at most wait, or until its ctx ends, and then gets ErrBusy (or
 // the ctx's error). The live argon2 memory is thus bounded by the budget,
 // and the garbage collector reuses freed blocks for the next evaluations.
+//
+// The garbage collector runs when the heap grows, not when the server goes
+// quiet, so after a burst the freed argon2 memory would stay with the
+// process until the next collection. When the pool goes idle after checks
+// worth a whole budget, it calls onIdle (debug.FreeOSMemory in the server)
+// in a goroutine, at most once per idleInterval.
 type kdfPool struct {
 	budget, unit int64 // KiB
 	wait         time.Duration
+	onIdle       func()
+	idleInterval time.Duration
+	now          func() time.Time
 
-	mu      sync.Mutex
-	used    int64
-	waiters list.List // of *kdfWaiter, in arrival order
+	mu       sync.Mutex
+	used     int64
+	waiters  list.List // of *kdfWaiter, in arrival order
+	spent    int64     // KiB of checks since onIdle last ran
+	lastIdle time.Time
 }
 
 type kdfWaiter struct {
@@ -37,7 +48,8 @@ type kdfWaiter struct {
 
 func newKDFPool(budgetBytes int64, slots int, wait time.Duration) *kdfPool {
 	budget := max(budgetBytes>>10, 1)
-	return &kdfPool{budget: budget, unit: max(budget/int64(max(slots, 1)), 1), wait: wait}
+	return &kdfPool{budget: budget, unit: max(budget/int64(max(slots, 1)), 1), wait: wait,
+		idleInterval: 10 * time.Second, now: time.Now}
 }
 
 // acquire waits for room for one evaluation of a hash with memory memKiB
@@ -92,8 +104,18 @@ func (p *kdfPool) load() (usedBytes int64, waiting int) {
 func (p *kdfPool) release(cost int64) {
 	p.mu.Lock()
 	p.used -= cost
+	p.spent += cost
 	p.grantLocked()
+	var idle func()
+	if p.onIdle != nil && p.used == 0 && p.spent >= p.budget {
+		if now := p.now(); now.Sub(p.lastIdle) >= p.idleInterval {
+			p.spent, p.lastIdle, idle = 0, now, p.onIdle
+		}
+	}
 	p.mu.Unlock()
+	if idle != nil {
+		go idle()
+	}
 }
 
 // grantLocked admits waiters from the head while they fit.

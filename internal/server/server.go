@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"strings"
@@ -112,6 +113,7 @@ func (s *Server) Start() (err error) {
 		KDFMemoryBudget: cfg.Auth.KDFMemoryBudget,
 		KDFConcurrency:  cfg.Auth.KDFConcurrency,
 		KDFWait:         cfg.Auth.KDFWait.Duration,
+		ReleaseMemory:   debug.FreeOSMemory,
 		CacheTTL:        cfg.Auth.CacheTTL.Duration,
 		Logger:          s.log.With("component", "auth"),
 		Registry:        s.reg,
