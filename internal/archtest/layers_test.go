@@ -42,7 +42,7 @@ var allowed = map[string][]string{
 	// Domain services.
 	"internal/delivery": {"internal/mail", "internal/mime", "internal/store"},
 	"internal/mailbox":  {"internal/store"},
-	"internal/auth":     {"internal/mail", "internal/store"},
+	"internal/auth":     {"internal/mail", "internal/store", "internal/textconn"},
 
 	// Storage.
 	"internal/store":           {},

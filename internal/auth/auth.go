@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"quill/internal/store"
+	"quill/internal/textconn"
 )
 
 // UserStore is what authentication needs from the store.
@@ -29,19 +31,38 @@ type UserStore interface {
 type Options struct {
 	// DefaultDomain completes a login name without "@" (none if empty).
 	DefaultDomain string
-	// MaxFailures within FailureWindow from one IP or for one user before
-	// further attempts are refused with ErrThrottled (default 10 per 5 min
-	// per IP, the same per user). Loopback peers are never throttled by IP.
+	// MaxFailures within FailureWindow from one peer or for one account
+	// before further attempts are refused with ErrThrottled (default 10 per
+	// 5 min per peer, the same per account). Attempts in progress count
+	// too. A peer is an IPv4 address or an IPv6 /64 (textconn.PeerKey); an
+	// account is the canonical user a login or alias resolves to, or the
+	// normalized login when it names no user.
 	MaxFailures   int
 	FailureWindow time.Duration
+	// TrustedNetworks are exempt from counting per peer (a webmail or a
+	// proxy that authenticates many users from one address); their
+	// attempts still count per account. None by default: loopback is not
+	// trusted unless listed.
+	TrustedNetworks []netip.Prefix
 	// CacheTTL is how long a verified login is remembered so that frequent
 	// POP3/IMAP logins do not each pay for the KDF (default 5 min; a
 	// negative value disables the cache). Changing the password invalidates
 	// the entry, since the stored hash is part of its key.
 	CacheTTL time.Duration
-	Logger   *slog.Logger
-	Registry prometheus.Registerer
-	Now      func() time.Time
+	// KDFMemoryBudget bounds the memory of the password checks running at
+	// once, and KDFConcurrency their number (defaults: 256 MiB, and
+	// GOMAXPROCS, since each check is one core's work). A check that finds
+	// no room waits at most KDFWait (default 5 s), then fails with ErrBusy.
+	KDFMemoryBudget int64
+	KDFConcurrency  int
+	KDFWait         time.Duration
+	// ReleaseMemory, if set, is called (on its own goroutine, at most every
+	// 10 s) when the KDF pool goes idle after checks worth its whole
+	// budget, to hand the freed hash memory back (debug.FreeOSMemory).
+	ReleaseMemory func()
+	Logger        *slog.Logger
+	Registry      prometheus.Registerer
+	Now           func() time.Time
 }
 
 // Authenticator verifies credentials. It is safe for concurrent use.
@@ -51,6 +72,7 @@ type Authenticator struct {
 	log    *slog.Logger
 	byIP   *throttle
 	byUser *throttle
+	kdf    *kdfPool
 
 	cacheMu sync.Mutex
 	cache   map[[32]byte]time.Time // verified (user, password, hash) -> expiry
@@ -71,26 +93,46 @@ func NewAuthenticator(users UserStore, opts Options) *Authenticator {
 	if opts.CacheTTL == 0 {
 		opts.CacheTTL = 5 * time.Minute
 	}
+	if opts.KDFMemoryBudget <= 0 {
+		opts.KDFMemoryBudget = 256 << 20
+	}
+	if opts.KDFConcurrency <= 0 {
+		opts.KDFConcurrency = runtime.GOMAXPROCS(0)
+	}
+	if opts.KDFWait <= 0 {
+		opts.KDFWait = 5 * time.Second
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	pool := newKDFPool(opts.KDFMemoryBudget, opts.KDFConcurrency, opts.KDFWait)
+	pool.onIdle = opts.ReleaseMemory
 	a := &Authenticator{
 		users:  users,
 		opts:   opts,
 		log:    opts.Logger,
 		byIP:   newThrottle(opts.MaxFailures, opts.FailureWindow, 100_000, opts.Now),
 		byUser: newThrottle(opts.MaxFailures, opts.FailureWindow, 100_000, opts.Now),
+		kdf:    pool,
 		cache:  map[[32]byte]time.Time{},
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quill_auth_attempts_total",
-			Help: "Authentication attempts by result (ok, invalid, throttled, disabled, error).",
+			Help: "Authentication attempts by result (ok, invalid, throttled, busy, disabled, error).",
 		}, []string{"result"}),
 	}
 	if opts.Registry != nil {
-		opts.Registry.MustRegister(a.attempts)
+		opts.Registry.MustRegister(a.attempts,
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "quill_auth_kdf_waiting",
+				Help: "Password checks waiting for room in the KDF pool.",
+			}, func() float64 { _, w := a.kdf.load(); return float64(w) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "quill_auth_kdf_memory_bytes",
+				Help: "Share of auth.kdf_memory_budget held by the password checks running.",
+			}, func() float64 { u, _ := a.kdf.load(); return float64(u) }))
 	}
 	return a
 }
@@ -106,71 +148,148 @@ func (a *Authenticator) NormalizeLogin(username string) string {
 
 // Authenticate verifies a username (an address or alias, or a local part
 // of the default domain) and password and returns the canonical user. It
-// returns ErrInvalidCredentials, ErrThrottled or ErrDisabled, or a wrapped
-// storage error (temporary).
+// returns ErrInvalidCredentials, ErrThrottled, ErrBusy or ErrDisabled, or
+// a wrapped storage or context error (temporary).
+//
+// Throttling: the attempt is counted against the peer and the account
+// before the password is checked, atomically with the check against the
+// limit (waiting while the limit is reached only by attempts in progress),
+// and stays counted if it fails. A success withdraws its own count
+// from the peer (never the peer's failures: one valid account must not buy
+// guesses at others) and clears the account's failures. An attempt that
+// ends in neither (disabled account, pool busy, storage error) withdraws
+// both counts.
 func (a *Authenticator) Authenticate(ctx context.Context, username, password string, remote netip.Addr) (string, error) {
 	login := a.NormalizeLogin(username)
-	ipKey := ""
-	if remote.IsValid() && !remote.IsLoopback() {
-		ipKey = remote.Unmap().String()
+	account, err := a.resolve(ctx, login)
+	if err != nil {
+		a.attempts.WithLabelValues("error").Inc()
+		return "", err
 	}
-	if (ipKey != "" && a.byIP.blocked(ipKey)) || a.byUser.blocked(login) {
-		a.attempts.WithLabelValues("throttled").Inc()
-		return "", ErrThrottled
+	userKey := account
+	if userKey == "" {
+		userKey = login
 	}
-	user, err := a.verify(ctx, login, password)
+	ipKey := a.peerKey(remote)
+	refused := func(err error) (string, error) {
+		if errors.Is(err, ErrThrottled) {
+			a.attempts.WithLabelValues("throttled").Inc()
+		} else {
+			a.attempts.WithLabelValues("error").Inc()
+		}
+		return "", err
+	}
+	var ipAt time.Time
+	if ipKey != "" {
+		if ipAt, err = a.byIP.reserve(ctx, ipKey); err != nil {
+			return refused(err)
+		}
+	}
+	userAt, err := a.byUser.reserve(ctx, userKey)
+	if err != nil {
+		if ipKey != "" {
+			a.byIP.cancel(ipKey, ipAt)
+		}
+		return refused(err)
+	}
+	withdraw := func() {
+		if ipKey != "" {
+			a.byIP.cancel(ipKey, ipAt)
+		}
+		a.byUser.cancel(userKey, userAt)
+	}
+	user, err := a.verify(ctx, account, password)
 	switch {
 	case errors.Is(err, ErrInvalidCredentials):
 		if ipKey != "" {
 			a.byIP.fail(ipKey)
 		}
-		a.byUser.fail(login)
+		a.byUser.fail(userKey)
 		a.attempts.WithLabelValues("invalid").Inc()
 		a.log.Info("authentication failed", "login", login, "remote", remote)
 		return "", err
 	case errors.Is(err, ErrDisabled):
+		withdraw()
 		a.attempts.WithLabelValues("disabled").Inc()
 		return "", err
+	case errors.Is(err, ErrBusy):
+		withdraw()
+		a.attempts.WithLabelValues("busy").Inc()
+		return "", err
 	case err != nil:
+		withdraw()
 		a.attempts.WithLabelValues("error").Inc()
 		return "", err
 	}
 	if ipKey != "" {
-		a.byIP.succeed(ipKey)
+		a.byIP.cancel(ipKey, ipAt)
 	}
-	a.byUser.succeed(login)
+	a.byUser.clear(userKey)
 	a.attempts.WithLabelValues("ok").Inc()
 	return user, nil
 }
 
-func (a *Authenticator) verify(ctx context.Context, login, password string) (string, error) {
-	if login == "" || password == "" {
-		return "", ErrInvalidCredentials
+// peerKey is the per-peer throttle key of remote, "" for a peer that is
+// not counted (no IP address, or a trusted network).
+func (a *Authenticator) peerKey(remote netip.Addr) string {
+	if !remote.IsValid() {
+		return ""
+	}
+	remote = remote.Unmap()
+	for _, p := range a.opts.TrustedNetworks {
+		if p.Contains(remote) {
+			return ""
+		}
+	}
+	return textconn.PeerKey(remote).String()
+}
+
+// resolve returns the canonical account login names, "" if none.
+func (a *Authenticator) resolve(ctx context.Context, login string) (string, error) {
+	if login == "" {
+		return "", nil
 	}
 	user, err := a.users.Resolve(ctx, login)
 	if errors.Is(err, store.ErrNotFound) {
-		// Spend the KDF anyway so timing does not reveal which users exist.
-		_, _ = VerifyPassword(dummyHash(), password)
-		return "", ErrInvalidCredentials
+		return "", nil
 	}
 	if err != nil {
 		return "", fmt.Errorf("auth: resolving %s: %w", login, err)
 	}
-	u, err := a.users.GetUser(ctx, user)
+	return user, nil
+}
+
+// verify checks password for account ("" when the login named no user).
+func (a *Authenticator) verify(ctx context.Context, account, password string) (string, error) {
+	if password == "" {
+		return "", ErrInvalidCredentials
+	}
+	if account == "" {
+		// Spend the KDF anyway, through the same pool, so that timing does
+		// not reveal which users exist.
+		if _, err := a.checkHash(ctx, dummyHash(), password); err != nil {
+			return "", err
+		}
+		return "", ErrInvalidCredentials
+	}
+	u, err := a.users.GetUser(ctx, account)
 	if errors.Is(err, store.ErrNotFound) {
 		return "", ErrInvalidCredentials
 	}
 	if err != nil {
-		return "", fmt.Errorf("auth: reading %s: %w", user, err)
+		return "", fmt.Errorf("auth: reading %s: %w", account, err)
 	}
 	// The password is checked before the status, so that ErrDisabled
 	// reveals nothing to someone who does not know the password.
 	key := sha256.Sum256([]byte(u.Address + "\x00" + password + "\x00" + u.PasswordHash))
 	if !a.cached(key) {
-		ok, err := VerifyPassword(u.PasswordHash, password)
-		if err != nil {
+		ok, err := a.checkHash(ctx, u.PasswordHash, password)
+		if errors.Is(err, errBadHash) {
 			a.log.Error("stored password hash unusable", "user", u.Address, "err", err)
 			return "", ErrInvalidCredentials
+		}
+		if err != nil {
+			return "", err
 		}
 		if !ok {
 			return "", ErrInvalidCredentials
@@ -181,6 +300,20 @@ func (a *Authenticator) verify(ctx context.Context, login, password string) (str
 		return "", ErrDisabled
 	}
 	return u.Address, nil
+}
+
+// checkHash verifies password against a PHC hash within the KDF pool.
+func (a *Authenticator) checkHash(ctx context.Context, hash, password string) (bool, error) {
+	h, err := parseHash(hash)
+	if err != nil {
+		return false, err
+	}
+	release, err := a.kdf.acquire(ctx, h.p.MemoryKiB)
+	if err != nil {
+		return false, err
+	}
+	defer release()
+	return h.verify(password), nil
 }
 
 func (a *Authenticator) cached(key [32]byte) bool {

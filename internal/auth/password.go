@@ -44,30 +44,51 @@ func HashPassword(password string, p KDFParams) (string, error) {
 // VerifyPassword reports whether password matches a PHC argon2id hash, in
 // time independent of where the two differ.
 func VerifyPassword(hash, password string) (bool, error) {
+	h, err := parseHash(hash)
+	if err != nil {
+		return false, err
+	}
+	return h.verify(password), nil
+}
+
+// phcHash is a parsed PHC argon2id hash.
+type phcHash struct {
+	p          KDFParams
+	salt, want []byte
+}
+
+// parseHash parses $argon2id$v=19$m=...,t=...,p=...$salt$hash, with bounds
+// on the parameters so that a corrupt hash cannot make verification
+// unbounded.
+func parseHash(hash string) (phcHash, error) {
 	parts := strings.Split(hash, "$")
 	if len(parts) != 6 || parts[1] != "argon2id" {
-		return false, errBadHash
+		return phcHash{}, errBadHash
 	}
 	var version int
 	if _, err := fmt.Sscanf(parts[2], "v=%d", &version); err != nil || version != argon2.Version {
-		return false, errBadHash
+		return phcHash{}, errBadHash
 	}
 	var p KDFParams
 	if _, err := fmt.Sscanf(parts[3], "m=%d,t=%d,p=%d", &p.MemoryKiB, &p.Time, &p.Threads); err != nil {
-		return false, errBadHash
+		return phcHash{}, errBadHash
 	}
 	if p.MemoryKiB == 0 || p.MemoryKiB > 4<<20 || p.Time == 0 || p.Time > 64 || p.Threads == 0 {
-		return false, errBadHash
+		return phcHash{}, errBadHash
 	}
 	b64 := base64.RawStdEncoding
 	salt, err := b64.DecodeString(parts[4])
 	if err != nil {
-		return false, errBadHash
+		return phcHash{}, errBadHash
 	}
 	want, err := b64.DecodeString(parts[5])
 	if err != nil || len(want) == 0 || len(want) > 128 {
-		return false, errBadHash
+		return phcHash{}, errBadHash
 	}
-	got := argon2.IDKey([]byte(password), salt, p.Time, p.MemoryKiB, p.Threads, uint32(len(want)))
-	return subtle.ConstantTimeCompare(got, want) == 1, nil
+	return phcHash{p: p, salt: salt, want: want}, nil
+}
+
+func (h phcHash) verify(password string) bool {
+	got := argon2.IDKey([]byte(password), h.salt, h.p.Time, h.p.MemoryKiB, h.p.Threads, uint32(len(h.want)))
+	return subtle.ConstantTimeCompare(got, h.want) == 1
 }

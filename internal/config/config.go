@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -37,6 +38,9 @@ type Config struct {
 	Delivery  Delivery  `toml:"delivery"`
 	Store     Store     `toml:"store"`
 	Log       Log       `toml:"log"`
+
+	// ProxyProtocol: listeners behind a proxy that passes the client's address.
+	ProxyProtocol ProxyProtocol `toml:"proxy_protocol"`
 }
 
 // Listeners are host:port addresses, or "off".
@@ -99,10 +103,32 @@ type Auth struct {
 	// one user, make further attempts fail until the window passes.
 	MaxFailures   int      `toml:"max_failures"`
 	FailureWindow Duration `toml:"failure_window"`
+	// TrustedNetworks (CIDRs, or single addresses) are exempt from the
+	// per-address count of failures, never from the per-account one: a
+	// webmail or proxy on them logs in many users from one address.
+	TrustedNetworks []string `toml:"trusted_networks"`
+	// KDFMemoryBudget (bytes) bounds the memory of the password checks
+	// (argon2id) running at once, KDFConcurrency their number (0: one per
+	// CPU). A check finding no room waits up to KDFWait, then the login
+	// gets a temporary failure.
+	KDFMemoryBudget int64    `toml:"kdf_memory_budget"`
+	KDFConcurrency  int      `toml:"kdf_concurrency"`
+	KDFWait         Duration `toml:"kdf_wait"`
 	// CacheTTL is how long a verified login is remembered so that polling
 	// clients do not pay for argon2id at every login; a negative value
 	// disables the cache. A password change invalidates it at once.
 	CacheTTL Duration `toml:"cache_ttl"`
+}
+
+// ProxyProtocol names the listeners that expect the HAProxy PROXY protocol
+// (v1 or v2) header from every connection, and the proxies trusted to send
+// it. On those listeners, connections from elsewhere are refused, and the
+// client address in the header is the peer everywhere (connection limits,
+// authentication throttle, logs, Received fields).
+type ProxyProtocol struct {
+	Listeners      []string `toml:"listeners"`       // e.g. ["imap", "submission"]
+	TrustedProxies []string `toml:"trusted_proxies"` // CIDRs or addresses
+	HeaderTimeout  Duration `toml:"header_timeout"`
 }
 
 // Delivery configures local delivery.
@@ -247,7 +273,17 @@ func Default() Config {
 			// Shorter than typical POP3/IMAP polling intervals would be
 			// pointless; 5 minutes covers them.
 			CacheTTL: Duration{5 * time.Minute},
+			// 256 MiB holds 13 checks at the default 19 MiB, more than a
+			// small node has cores, and is a small share of its memory.
+			KDFMemoryBudget: 256 << 20,
+			// 5 s: the first logins of a few hundred clients connecting at
+			// once (about 50 ms a check, two cores) are still served, while
+			// a flood is refused within seconds instead of piling up.
+			KDFWait: Duration{5 * time.Second},
 		},
+		// A proxy sends the header with its first bytes; 5 s allows a slow
+		// network and frees a stalled connection quickly.
+		ProxyProtocol: ProxyProtocol{HeaderTimeout: Duration{5 * time.Second}},
 		// "+" is the subaddress separator most users know (RFC 5233).
 		Delivery: Delivery{SubaddressSeparator: "+"},
 		// Bodies share the block cache with metadata; below about 256 MiB,
@@ -360,6 +396,19 @@ func (c *Config) Validate() error {
 	if c.Auth.MaxFailures < 1 {
 		bad("auth.max_failures must be positive")
 	}
+	if c.Auth.KDFMemoryBudget < 19<<20 {
+		bad("auth.kdf_memory_budget must be at least 19 MiB (one check at the default cost)")
+	}
+	if c.Auth.KDFConcurrency < 0 {
+		bad("auth.kdf_concurrency must not be negative")
+	}
+	if c.Auth.KDFWait.Duration <= 0 {
+		bad("auth.kdf_wait must be positive")
+	}
+	if _, err := ParsePrefixes(c.Auth.TrustedNetworks); err != nil {
+		bad("auth.trusted_networks: %v", err)
+	}
+	validateProxyProtocol(c.ProxyProtocol, bad)
 	switch c.Store.Engine {
 	case "embedded":
 	case "cassandra":
@@ -389,6 +438,25 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// ParsePrefixes parses CIDR prefixes; a bare address is its own /32 or
+// /128.
+func ParsePrefixes(list []string) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(list))
+	for _, s := range list {
+		if a, err := netip.ParseAddr(s); err == nil {
+			a = a.Unmap()
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not an address or CIDR prefix", s)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
 // Enabled reports whether a listener address is on.
 func Enabled(addr string) bool { return addr != "" && addr != Off }
 
@@ -404,6 +472,26 @@ func checkAddr(addr string) error {
 		return fmt.Errorf("%q has a bad port", addr)
 	}
 	return nil
+}
+
+// validateProxyProtocol checks the [proxy_protocol] section.
+func validateProxyProtocol(p ProxyProtocol, bad func(string, ...any)) {
+	for _, name := range p.Listeners {
+		switch name {
+		case "smtp", "submission", "submissions", "lmtp", "pop3", "pop3s", "imap", "imaps":
+		default:
+			bad("proxy_protocol.listeners: %q is not a TCP mail listener", name)
+		}
+	}
+	trusted, err := ParsePrefixes(p.TrustedProxies)
+	if err != nil {
+		bad("proxy_protocol.trusted_proxies: %v", err)
+	} else if len(p.Listeners) > 0 && len(trusted) == 0 {
+		bad("proxy_protocol.trusted_proxies must name the proxies when proxy_protocol.listeners is set")
+	}
+	if p.HeaderTimeout.Duration <= 0 {
+		bad("proxy_protocol.header_timeout must be positive")
+	}
 }
 
 // validateCassandra checks the [store.cassandra] section.

@@ -85,14 +85,35 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	c.Limits.PreauthTimeout.Duration = 0
 	c.Limits.TLSHandshakeTimeout.Duration = 0
 	c.Limits.TransferGrace.Duration = 0
+	c.Auth.TrustedNetworks = []string{"10.0.0.0/8", "10.0.0.0/33"}
+	c.ProxyProtocol.Listeners = []string{"imap", "admin"}
 	err := c.Validate()
 	if err == nil {
 		t.Fatal("invalid config accepted")
 	}
 	for _, want := range []string{"domain", "listeners.smtp", "key_file", "max_recipients", "store.engine", "log.flush_interval",
-		"min_transfer_rate", "body_memory_budget", "preauth_timeout", "tls_handshake_timeout", "transfer_grace"} {
+		"min_transfer_rate", "body_memory_budget", "preauth_timeout", "tls_handshake_timeout", "transfer_grace",
+		"auth.trusted_networks", "proxy_protocol.listeners", "proxy_protocol.trusted_proxies"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not mention %s: %v", want, err)
+		}
+	}
+}
+
+func TestParsePrefixes(t *testing.T) {
+	got, err := ParsePrefixes([]string{"10.1.2.3/8", "192.0.2.1", "2001:db8::/48", "::ffff:192.0.2.9"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"10.0.0.0/8", "192.0.2.1/32", "2001:db8::/48", "192.0.2.9/32"}
+	for i, p := range got {
+		if p.String() != want[i] {
+			t.Errorf("prefix %d = %s, want %s", i, p, want[i])
+		}
+	}
+	for _, bad := range []string{"", "10.0.0.0/", "example.test", "2001:db8::/129"} {
+		if _, err := ParsePrefixes([]string{bad}); err == nil {
+			t.Errorf("ParsePrefixes(%q) accepted", bad)
 		}
 	}
 }

@@ -22,6 +22,8 @@ func (s *session) replyFor(err error) (pe *protoError, counts bool) {
 		return &protoError{no: true, code: "UNAVAILABLE", text: "too many failed logins, try again later"}, true
 	case errors.Is(err, auth.ErrDisabled):
 		return &protoError{no: true, code: "AUTHORIZATIONFAILED", text: "account disabled"}, true
+	case errors.Is(err, auth.ErrBusy):
+		return &protoError{no: true, code: "UNAVAILABLE", text: "too many logins in progress, try again later"}, false
 	case errors.Is(err, mailbox.ErrNoSuchMailbox):
 		return &protoError{no: true, code: "NONEXISTENT", text: "no such mailbox"}, false
 	case errors.Is(err, mailbox.ErrMailboxExists):

@@ -66,6 +66,9 @@ func errorReply(log *slog.Logger, err error) (e *replyError, counts bool) {
 		// RFC 2449 section 8.1.1: the client should not retry before a
 		// delay, which is what a throttled login must do.
 		return &replyError{text: "[LOGIN-DELAY] too many failed logins, try again later"}, true
+	case errors.Is(err, auth.ErrBusy):
+		// RFC 3206 section 4: SYS/TEMP, retrying later may succeed.
+		return errTemporary, false
 	case errors.Is(err, auth.ErrDisabled):
 		// RFC 3206 section 4: SYS/PERM, retrying will not help.
 		return &replyError{text: "[SYS/PERM] account disabled"}, true

@@ -16,6 +16,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/debug"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -108,13 +110,19 @@ func (s *Server) Start() (err error) {
 	if err != nil {
 		return err
 	}
+	trusted, _ := config.ParsePrefixes(cfg.Auth.TrustedNetworks) // validated in New
 	authn := auth.NewAuthenticator(s.store, auth.Options{
-		DefaultDomain: cfg.Domains[0],
-		MaxFailures:   cfg.Auth.MaxFailures,
-		FailureWindow: cfg.Auth.FailureWindow.Duration,
-		CacheTTL:      cfg.Auth.CacheTTL.Duration,
-		Logger:        s.log.With("component", "auth"),
-		Registry:      s.reg,
+		DefaultDomain:   cfg.Domains[0],
+		MaxFailures:     cfg.Auth.MaxFailures,
+		FailureWindow:   cfg.Auth.FailureWindow.Duration,
+		TrustedNetworks: trusted,
+		KDFMemoryBudget: cfg.Auth.KDFMemoryBudget,
+		KDFConcurrency:  cfg.Auth.KDFConcurrency,
+		KDFWait:         cfg.Auth.KDFWait.Duration,
+		ReleaseMemory:   debug.FreeOSMemory,
+		CacheTTL:        cfg.Auth.CacheTTL.Duration,
+		Logger:          s.log.With("component", "auth"),
+		Registry:        s.reg,
 	})
 	// The change hub wakes IMAP sessions (IDLE) when mail is delivered.
 	hub := mailbox.NewHub()
@@ -203,6 +211,10 @@ func (s *Server) Start() (err error) {
 		ln, err := listen(x.network, x.addr, x.name == "imap" || x.name == "imaps")
 		if err != nil {
 			return fmt.Errorf("listener %s: %w", x.name, err)
+		}
+		if slices.Contains(cfg.ProxyProtocol.Listeners, x.name) {
+			proxies, _ := config.ParsePrefixes(cfg.ProxyProtocol.TrustedProxies) // validated in New
+			ln = textconn.NewProxyListener(ln, proxies, cfg.ProxyProtocol.HeaderTimeout.Duration, s.log.With("listener", x.name))
 		}
 		s.listeners[x.name] = ln
 		s.servers[x.name] = x.srv()

@@ -73,6 +73,9 @@ func replyFor(err error) (r reply, known bool) {
 		return reply{535, "5.7.8", "Authentication credentials invalid"}, true
 	case errors.Is(err, auth.ErrThrottled):
 		return reply{454, "4.7.0", "Too many authentication failures, try again later"}, true
+	case errors.Is(err, auth.ErrBusy):
+		// RFC 4954 section 6: temporary authentication failure.
+		return reply{454, "4.7.0", "Temporary authentication failure, try again later"}, true
 	case errors.Is(err, auth.ErrMalformed):
 		return reply{501, "5.5.2", "Malformed authentication response"}, true
 	case errors.Is(err, errMessageTooBig):

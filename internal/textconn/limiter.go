@@ -34,7 +34,7 @@ func (l *Limiter) Acquire(ip netip.Addr) (release func(), ok bool) {
 	if l == nil {
 		return func() {}, true
 	}
-	key := limitKey(ip)
+	key := PeerKey(ip)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.total > 0 && l.mu.n >= l.total {
@@ -72,7 +72,10 @@ func (l *Limiter) release(key netip.Addr) {
 	}
 }
 
-func limitKey(ip netip.Addr) netip.Addr {
+// PeerKey is the unit in which a remote peer is counted, by the Limiter
+// and by the authentication throttle: the address itself for IPv4 (mapped
+// addresses unmapped), its /64 for IPv6.
+func PeerKey(ip netip.Addr) netip.Addr {
 	ip = ip.Unmap()
 	if ip.Is6() {
 		if p, err := ip.Prefix(64); err == nil {
