@@ -126,12 +126,13 @@ func newKeyspace(t testing.TB) string {
 }
 
 func dropKeyspace(t testing.TB, ks string) {
-	s, err := Options{Hosts: hosts}.withDefaults().session("")
+	s, policy, err := Options{Hosts: hosts}.withDefaults().session("")
 	if err != nil {
 		t.Errorf("dropping %s: %v", ks, err)
 		return
 	}
 	defer s.Close()
+	defer policy.close()
 	if err := s.Query("DROP KEYSPACE IF EXISTS " + ks).Exec(); err != nil {
 		t.Errorf("dropping %s: %v", ks, err)
 	}
