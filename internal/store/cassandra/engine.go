@@ -79,6 +79,10 @@ type Options struct {
 	// the mailbox's ExpungeFloor raised (ops.go, pruneChanges), so the log
 	// follows a mailbox's recent activity, not every message it ever held.
 	ExpungeWindow uint64
+	// MaildropLease is the term of a POP3 maildrop lease (leases.go,
+	// default 30 s): a session renews it every third of it, and the
+	// maildrop of a process that died stays locked for at most this long.
+	MaildropLease time.Duration
 	Logger        *slog.Logger
 }
 
@@ -109,6 +113,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.ExpungeWindow == 0 {
 		o.ExpungeWindow = 1024
+	}
+	if o.MaildropLease == 0 {
+		o.MaildropLease = 30 * time.Second
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
