@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -154,7 +155,22 @@ serial_consistency = "SERIAL"
 		}
 	}
 	records := rec.all()
-	reportErrorWindows(t, records, events)
+	failed := reportErrorWindows(t, records, events)
+	// What each Quill node's driver made of the restart (hosts.go).
+	for i, s := range servers {
+		for _, line := range strings.Split(s.Log(), "\n") {
+			if strings.Contains(line, "cassandra host") {
+				t.Logf("quill node %d: %s", i, strings.TrimSpace(line))
+			}
+		}
+	}
+	// With RF 3 at QUORUM a restarting replica leaves a quorum of two
+	// others, so its restart must be invisible: the driver must neither
+	// route requests to it before it serves them nor fail what it could
+	// retry elsewhere (engine.go, session).
+	if n := failed["restart cassandra node 1"]; n != 0 {
+		t.Errorf("restart of cassandra node 1: %d failed transactions, want 0", n)
+	}
 
 	// loadgen.VerifyPOP3, plus a report of what any foreign message is.
 	v := loadgen.NewVerifier(rec.records())
@@ -300,9 +316,11 @@ func (l *failureLedger) records() []*loadgen.Record {
 // reportErrorWindows logs, for every event, the failed transactions the
 // clients saw until the next event: how many, on which nodes, and the first
 // and last of them relative to the event. The last event ends the load;
-// transactions it cut short are not errors.
-func reportErrorWindows(t *testing.T, records []timedRecord, events []failureEvent) {
+// transactions it cut short are not errors. It returns the number of failed
+// transactions per event name.
+func reportErrorWindows(t *testing.T, records []timedRecord, events []failureEvent) map[string]int {
 	t.Helper()
+	failed := map[string]int{}
 	for i, ev := range events[:len(events)-1] {
 		end := events[i+1].at
 		var first, last time.Time
@@ -324,6 +342,7 @@ func reportErrorWindows(t *testing.T, records []timedRecord, events []failureEve
 				last = tr.at
 			}
 			count[tr.node]++
+			failed[ev.name]++
 			if tr.r.Outcome == loadgen.Rejected {
 				codes[strconv.Itoa(tr.r.Code)]++
 			} else {
@@ -338,4 +357,5 @@ func reportErrorWindows(t *testing.T, records []timedRecord, events []failureEve
 			ev.name, first.Sub(ev.at).Round(time.Millisecond), last.Sub(ev.at).Round(time.Millisecond),
 			last.Sub(first).Round(time.Millisecond), ev.done.Sub(ev.at).Round(time.Millisecond), count, codes, acked)
 	}
+	return failed
 }

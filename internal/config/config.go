@@ -168,6 +168,10 @@ type Cassandra struct {
 	// change log for changes made through other nodes (those made through
 	// this node wake it at once). Each poll is one read at read_consistency.
 	IdlePoll Duration `toml:"idle_poll"`
+	// MaildropLease is the term of a POP3 session's lease on its maildrop,
+	// shared by every node: renewed every third of it (one LWT) while the
+	// session lives, it keeps a dead node's maildrops locked this long.
+	MaildropLease Duration `toml:"maildrop_lease"`
 	// TLS to Cassandra: on when TLS is true; CAFile verifies the servers,
 	// CertFile/KeyFile authenticate Quill to them.
 	TLS        bool   `toml:"tls"`
@@ -303,6 +307,9 @@ func Default() Config {
 			// 5 s: prompt enough for a mail client, and 1,000 idling
 			// sessions cost 200 reads/s (docs/cassandra.md has the table).
 			IdlePoll: Duration{5 * time.Second},
+			// 30 s: a user whose POP3 node died waits at most this long to
+			// log in elsewhere, and a session renews every 10 s (one LWT).
+			MaildropLease: Duration{30 * time.Second},
 		}},
 		Log: Log{Level: "info", Format: "text", FlushInterval: Duration{100 * time.Millisecond}},
 	}
@@ -501,6 +508,9 @@ func validateCassandra(c Cassandra, bad func(string, ...any)) {
 	}
 	if c.IdlePoll.Duration < 100*time.Millisecond {
 		bad("store.cassandra.idle_poll must be at least 100ms")
+	}
+	if c.MaildropLease.Duration < 3*time.Second || c.MaildropLease.Duration%time.Second != 0 {
+		bad("store.cassandra.maildrop_lease must be whole seconds, at least 3s (a CQL TTL, renewed every third)")
 	}
 	if c.Keyspace == "" || len(c.Keyspace) > 48 || strings.Trim(c.Keyspace, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" {
 		bad("store.cassandra.keyspace %q must be 1-48 of [a-z0-9_]", c.Keyspace)

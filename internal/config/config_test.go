@@ -117,3 +117,19 @@ func TestParsePrefixes(t *testing.T) {
 		}
 	}
 }
+
+func TestValidateMaildropLease(t *testing.T) {
+	for _, d := range []time.Duration{0, 2 * time.Second, 4500 * time.Millisecond} {
+		c := Default()
+		c.Store.Engine = "cassandra"
+		c.Store.Cassandra.MaildropLease.Duration = d
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "maildrop_lease") {
+			t.Errorf("maildrop_lease %v: %v, want an error naming it", d, err)
+		}
+	}
+	c := Default()
+	c.Store.Engine = "cassandra"
+	if err := c.Validate(); err != nil {
+		t.Errorf("default cassandra config: %v", err)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"strconv"
 	"sync"
+	"time"
 
 	"quill/internal/store"
 )
@@ -20,20 +21,25 @@ type Store interface {
 	ListMessages(ctx context.Context, mailbox store.ID, from uint32, limit int) ([]store.Message, error)
 	OpenBlob(ctx context.Context, id store.ID) (store.BlobReader, error)
 	Expunge(ctx context.Context, mailbox store.ID, uids []uint32) ([]uint32, uint64, error)
+	// The maildrop lock is the store's, so that it holds across every
+	// process sharing the store.
+	store.MaildropLocker
 }
 
 // Service hands out maildrops. It is safe for concurrent use.
 type Service struct {
 	st Store
-
-	mu     sync.Mutex
-	locked map[string]bool // users whose maildrop a POP3 session holds
 }
 
 // NewService returns a Service over st.
 func NewService(st Store) *Service {
-	return &Service{st: st, locked: map[string]bool{}}
+	return &Service{st: st}
 }
+
+// releaseTimeout bounds the release of a maildrop's lease when the session
+// ends without a context (Close): a release that fails leaves the lease to
+// expire (store.MaildropLease).
+const releaseTimeout = 10 * time.Second
 
 // MaxMaildrop bounds the messages one POP3 session lists; a larger INBOX
 // shows its oldest MaxMaildrop messages (clients see the rest once these
@@ -44,10 +50,11 @@ const MaxMaildrop = 100_000
 // when opened (RFC 1939 section 8: the maildrop is locked for the session;
 // message numbers do not change).
 //
-// The lock is held by this process only. With several nodes (the cluster
-// issue) it moves to the user's manager node.
+// The lock is the store's maildrop lease (store.MaildropLocker), so it is
+// exclusive among the sessions of every process sharing the store.
 type Maildrop struct {
 	s        *Service
+	lease    store.MaildropLease
 	user     string
 	mailbox  store.Mailbox
 	messages []store.Message
@@ -57,16 +64,16 @@ type Maildrop struct {
 // OpenMaildrop locks user's INBOX and snapshots its messages. It returns
 // ErrInUse if another session holds the lock.
 func (s *Service) OpenMaildrop(ctx context.Context, user string) (*Maildrop, error) {
-	s.mu.Lock()
-	if s.locked[user] {
-		s.mu.Unlock()
-		return nil, ErrInUse
+	lease, err := s.st.LockMaildrop(ctx, user)
+	if errors.Is(err, store.ErrInUse) {
+		return nil, fmt.Errorf("%w: %w", ErrInUse, err)
 	}
-	s.locked[user] = true
-	s.mu.Unlock()
-	m := &Maildrop{s: s, user: user}
+	if err != nil {
+		return nil, fmt.Errorf("mailbox: locking the maildrop of %s: %w", user, err)
+	}
+	m := &Maildrop{s: s, lease: lease, user: user}
 	if err := m.load(ctx); err != nil {
-		m.unlock()
+		m.unlock(ctx)
 		return nil, err
 	}
 	return m, nil
@@ -117,11 +124,15 @@ func (m *Maildrop) Open(ctx context.Context, i int) (io.ReadCloser, error) {
 
 // Commit expunges the messages with the given indexes atomically and
 // releases the lock (RFC 1939 UPDATE state). Messages already expunged by
-// another protocol are ignored.
+// another protocol are ignored. It expunges nothing, and fails, once the
+// lease may have passed to another session (store.ErrLeaseLost).
 func (m *Maildrop) Commit(ctx context.Context, deleted []int) error {
-	defer m.unlock()
+	defer m.unlock(ctx)
 	if len(deleted) == 0 {
 		return nil
+	}
+	if err := m.lease.Held(); err != nil {
+		return fmt.Errorf("mailbox: expunging for %s: %w", m.user, err)
 	}
 	uids := make([]uint32, 0, len(deleted))
 	for _, i := range deleted {
@@ -135,14 +146,20 @@ func (m *Maildrop) Commit(ctx context.Context, deleted []int) error {
 
 // Close releases the lock without changes.
 func (m *Maildrop) Close() error {
-	m.unlock()
-	return nil
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	return m.unlock(ctx)
 }
 
-func (m *Maildrop) unlock() {
+// unlock releases the lease once. Its error is only worth logging: the
+// lease then expires by itself.
+func (m *Maildrop) unlock(ctx context.Context) error {
+	var err error
 	m.once.Do(func() {
-		m.s.mu.Lock()
-		delete(m.s.locked, m.user)
-		m.s.mu.Unlock()
+		err = m.lease.Release(context.WithoutCancel(ctx))
+		if err != nil {
+			err = fmt.Errorf("mailbox: unlocking the maildrop of %s: %w", m.user, err)
+		}
 	})
+	return err
 }

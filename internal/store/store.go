@@ -45,6 +45,12 @@ var (
 	// full) and expects to later; the caller answers with a temporary
 	// failure. Nothing of the refused write was kept.
 	ErrUnavailable = errors.New("store: temporarily unavailable")
+	// ErrInUse: another session, possibly in another process, holds the
+	// lease asked for (MaildropLocker).
+	ErrInUse = errors.New("store: in use")
+	// ErrLeaseLost: a lease's holder can no longer be sure it holds it
+	// (MaildropLease.Held).
+	ErrLeaseLost = errors.New("store: lease lost")
 )
 
 // Health is whether an engine can write, as readiness and health checks
@@ -315,10 +321,36 @@ type Store interface {
 
 	Usage(ctx context.Context, user string) (Usage, error)
 
+	MaildropLocker
+
 	// Check verifies the engine's internal consistency (counters agree with
 	// contents, every reference resolves) and returns the problems found.
 	Check(ctx context.Context) ([]string, error)
 	Close() error
+}
+
+// MaildropLocker grants the exclusive hold a POP3 session has on a user's
+// maildrop (RFC 1939 section 8) among all sessions of all processes sharing
+// the store.
+type MaildropLocker interface {
+	// LockMaildrop takes user's maildrop lease, or fails with ErrInUse
+	// while another holder's lease is live. The lease lasts until Release,
+	// or, in an engine shared by several processes, until its holder stops
+	// renewing it (its process died) and its term runs out.
+	LockMaildrop(ctx context.Context, user string) (MaildropLease, error)
+}
+
+// MaildropLease is one held maildrop lease. Its methods are safe for
+// concurrent use.
+type MaildropLease interface {
+	// Held returns nil while the holder is sure to hold the lease, and an
+	// error wrapping ErrLeaseLost once it may have expired or been taken
+	// (renewals failed for its whole term): the holder must then not act
+	// on its exclusivity (POP3 must not enter the UPDATE state).
+	Held() error
+	// Release gives the lease up (if still held) and stops its renewal. It
+	// is safe to call more than once; an error leaves the lease to expire.
+	Release(ctx context.Context) error
 }
 
 // MetaSetter is implemented by an engine that can record a message's Meta

@@ -126,12 +126,13 @@ func newKeyspace(t testing.TB) string {
 }
 
 func dropKeyspace(t testing.TB, ks string) {
-	s, err := Options{Hosts: hosts}.withDefaults().session("")
+	s, policy, err := Options{Hosts: hosts}.withDefaults().session("")
 	if err != nil {
 		t.Errorf("dropping %s: %v", ks, err)
 		return
 	}
 	defer s.Close()
+	defer policy.close()
 	if err := s.Query("DROP KEYSPACE IF EXISTS " + ks).Exec(); err != nil {
 		t.Errorf("dropping %s: %v", ks, err)
 	}
@@ -156,7 +157,7 @@ func TestConformance(t *testing.T) {
 	if off {
 		t.Skip("QUILL_CASSANDRA=off")
 	}
-	const subtests = 15 // storetest.Run's subtests; more are created on demand
+	const subtests = 17 // storetest.Run's subtests; more are created on demand
 	ctx, cancel := context.WithCancel(context.Background())
 	warm := make(chan string, 2)
 	var wg sync.WaitGroup

@@ -79,6 +79,10 @@ type Options struct {
 	// the mailbox's ExpungeFloor raised (ops.go, pruneChanges), so the log
 	// follows a mailbox's recent activity, not every message it ever held.
 	ExpungeWindow uint64
+	// MaildropLease is the term of a POP3 maildrop lease (leases.go,
+	// default 30 s): a session renews it every third of it, and the
+	// maildrop of a process that died stays locked for at most this long.
+	MaildropLease time.Duration
 	Logger        *slog.Logger
 }
 
@@ -110,6 +114,9 @@ func (o Options) withDefaults() Options {
 	if o.ExpungeWindow == 0 {
 		o.ExpungeWindow = 1024
 	}
+	if o.MaildropLease == 0 {
+		o.MaildropLease = 30 * time.Second
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -119,9 +126,10 @@ func (o Options) withDefaults() Options {
 // Engine is a store.Store on Cassandra. Several Engines in several
 // processes may share one keyspace.
 type Engine struct {
-	s    *gocql.Session
-	opts Options
-	log  *slog.Logger
+	s     *gocql.Session
+	hosts *warmupPolicy
+	opts  Options
+	log   *slog.Logger
 
 	stop chan struct{}
 	done sync.WaitGroup
@@ -136,21 +144,24 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if len(opts.Hosts) == 0 || !validIdent(opts.Keyspace) {
 		return nil, fmt.Errorf("%w: cassandra needs hosts and a keyspace name of [a-z0-9_]", store.ErrInvalid)
 	}
-	sys, err := opts.session("")
+	sys, sysHosts, err := opts.session("")
 	if err != nil {
 		return nil, err
 	}
 	err = createKeyspace(ctx, sys, opts.Keyspace, opts.Replication)
+	sysHosts.close()
 	sys.Close()
 	if err != nil {
 		return nil, err
 	}
-	s, err := opts.session(opts.Keyspace)
+	s, hosts, err := opts.session(opts.Keyspace)
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{s: s, opts: opts, log: opts.Logger, stop: make(chan struct{})}
+	e := &Engine{s: s, hosts: hosts, opts: opts, log: opts.Logger, stop: make(chan struct{})}
+	hosts.setProbe(e.probe)
 	if err := e.migrate(ctx); err != nil {
+		hosts.close()
 		s.Close()
 		return nil, err
 	}
@@ -159,7 +170,10 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	return e, nil
 }
 
-func (o Options) session(keyspace string) (*gocql.Session, error) {
+// session connects a session to keyspace ("" for none) with the engine's
+// host selection and retry policies (hosts.go). The caller closes the
+// policy, then the session.
+func (o Options) session(keyspace string) (*gocql.Session, *warmupPolicy, error) {
 	c := gocql.NewCluster(o.Hosts...)
 	c.Keyspace = keyspace
 	c.Consistency = o.ReadConsistency
@@ -169,8 +183,9 @@ func (o Options) session(keyspace string) (*gocql.Session, error) {
 	c.WriteTimeout = o.Timeout
 	c.ProtoVersion = 4
 	c.MaxWaitSchemaAgreement = time.Minute
-	c.RetryPolicy = &gocql.SimpleRetryPolicy{NumRetries: 2}
-	c.PoolConfig.HostSelectionPolicy = gocql.TokenAwareHostPolicy(gocql.RoundRobinHostPolicy())
+	c.RetryPolicy = retryIdempotent
+	hosts := newWarmupPolicy(gocql.TokenAwareHostPolicy(gocql.RoundRobinHostPolicy()), o.Logger)
+	c.PoolConfig.HostSelectionPolicy = hosts
 	if o.TLS != nil {
 		c.SslOpts = &gocql.SslOptions{Config: o.TLS.Clone(), EnableHostVerification: !o.TLS.InsecureSkipVerify}
 	}
@@ -179,9 +194,23 @@ func (o Options) session(keyspace string) (*gocql.Session, error) {
 	}
 	s, err := c.CreateSession()
 	if err != nil {
-		return nil, fmt.Errorf("cassandra: connecting to %s: %w", strings.Join(o.Hosts, ","), err)
+		hosts.close()
+		return nil, nil, fmt.Errorf("cassandra: connecting to %s: %w", strings.Join(o.Hosts, ","), err)
 	}
-	return s, nil
+	return s, hosts, nil
+}
+
+// probe is the readiness probe of a host that came back (hosts.go): a
+// serial read of the schema version coordinated by that host, which needs
+// a Paxos round with a quorum of replicas, as every mailbox mutation does.
+func (e *Engine) probe(ctx context.Context, hostID string) error {
+	var v int
+	err := e.s.Query(`SELECT version FROM schema_version WHERE k = 0`).SetHostID(hostID).
+		Consistency(e.opts.SerialConsistency).WithContext(ctx).Scan(&v)
+	if errors.Is(err, gocql.ErrNotFound) {
+		return nil
+	}
+	return err
 }
 
 // Close stops the reclaimer and closes the session.
@@ -189,6 +218,7 @@ func (e *Engine) Close() error {
 	e.once.Do(func() {
 		close(e.stop)
 		e.done.Wait()
+		e.hosts.close()
 		e.s.Close()
 	})
 	return nil
@@ -212,26 +242,36 @@ func (e *Engine) sweepLoop() {
 	}
 }
 
-// query builds a read (or plain write) at the configured consistency.
+// read builds a read at the configured consistency. Reads are idempotent:
+// a failed one is retried on another host (hosts.go).
 func (e *Engine) read(ctx context.Context, stmt string, args ...any) *gocql.Query {
-	return e.s.Query(stmt, args...).Consistency(e.opts.ReadConsistency).WithContext(ctx)
+	return e.s.Query(stmt, args...).Consistency(e.opts.ReadConsistency).Idempotent(true).WithContext(ctx)
 }
 
+// write builds a plain write at the write consistency. Every plain write
+// of the engine is idempotent (deterministic keys and values, and a
+// MODSEQ write timestamp where order matters), so a failed one, applied or
+// not, is retried on another host.
 func (e *Engine) write(ctx context.Context, stmt string, args ...any) *gocql.Query {
 	return e.s.Query(stmt, args...).Consistency(e.opts.WriteConsistency).Idempotent(true).WithContext(ctx)
 }
 
 // cas builds a lightweight transaction; its commit is at the write
-// consistency and its Paxos rounds at the serial consistency.
+// consistency and its Paxos rounds at the serial consistency. It is
+// retried on another host only after an error that proves it unapplied;
+// any other error leaves its outcome unknown to the caller. (Idempotent
+// only opens the driver's retry path to retryLWT; no speculative execution
+// is configured.)
 func (e *Engine) cas(ctx context.Context, stmt string, args ...any) *gocql.Query {
 	return e.s.Query(stmt, args...).Consistency(e.opts.WriteConsistency).
-		SerialConsistency(e.opts.SerialConsistency).WithContext(ctx)
+		SerialConsistency(e.opts.SerialConsistency).Idempotent(true).RetryPolicy(retryLWT).WithContext(ctx)
 }
 
 // serialRead reads at the serial consistency: it completes any LWT in
-// progress on the partition, so what it returns is final.
+// progress on the partition, so what it returns is final. It is retried
+// like any read.
 func (e *Engine) serialRead(ctx context.Context, stmt string, args ...any) *gocql.Query {
-	return e.s.Query(stmt, args...).Consistency(e.opts.SerialConsistency).WithContext(ctx)
+	return e.s.Query(stmt, args...).Consistency(e.opts.SerialConsistency).Idempotent(true).WithContext(ctx)
 }
 
 // wrap classifies driver errors: a missing row becomes store.ErrNotFound.

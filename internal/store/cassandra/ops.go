@@ -184,7 +184,10 @@ func (e *Engine) finish(ctx context.Context, id store.ID, o *op, raw []byte) err
 	if err := e.apply(ctx, id, o); err != nil {
 		return err
 	}
-	_, err := e.cas(ctx, `UPDATE mailboxes SET pending = null WHERE id = ? IF pending = ?`, id[:], raw).MapScanCAS(map[string]any{})
+	// Clearing is idempotent (a repeat finds pending already null and does
+	// nothing), so unlike other LWTs it is retried after any error.
+	_, err := e.cas(ctx, `UPDATE mailboxes SET pending = null WHERE id = ? IF pending = ?`, id[:], raw).
+		RetryPolicy(retryIdempotent).MapScanCAS(map[string]any{})
 	return wrap("clearing pending operation", err)
 }
 

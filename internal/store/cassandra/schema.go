@@ -95,6 +95,13 @@ var migrations = [][]string{
 		// at or below it are deleted (ops.go, pruneChanges).
 		`ALTER TABLE mailboxes ADD expunge_floor bigint`,
 	},
+	3: {
+		// maildrop_leases holds the live POP3 maildrop leases (leases.go):
+		// owner is the holding session's random ID, the row's TTL the end
+		// of its term.
+		`CREATE TABLE IF NOT EXISTS maildrop_leases (
+			address text PRIMARY KEY, owner blob)`,
+	},
 }
 
 func createKeyspace(ctx context.Context, s *gocql.Session, keyspace string, repl map[string]string) error {

@@ -144,6 +144,8 @@ type Engine struct {
 	fenceMu sync.RWMutex
 	fence   map[store.ID]store.Mailbox // mailboxes in the group being synced, pre-group state
 
+	drops maildropLocks // POP3 maildrop leases (maildrop.go)
+
 	commitLatency prometheus.Histogram
 	groupSize     prometheus.Histogram
 	stalls        *stallMeter

@@ -45,6 +45,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"InlineBody", testInlineBody},
 		{"DeleteUser", testDeleteUser},
 		{"ConcurrentAppendOrder", testConcurrentAppend},
+		{"MaildropLease", testMaildropLease},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -896,4 +897,67 @@ func ExpungeFloor(t *testing.T, s store.Store, window uint64, entries func(mailb
 		t.Error(p)
 	}
 	return mb
+}
+
+// testMaildropLease: one lease per maildrop at a time, taken by exactly one
+// of many racing sessions, independent between users, and free again once
+// released (store.MaildropLocker).
+func testMaildropLease(t *testing.T, s store.Store) {
+	const user, other = "pop@example.test", "other@example.test"
+	const racers = 8
+	leases := make([]store.MaildropLease, racers)
+	errs := make([]error, racers)
+	var wg sync.WaitGroup
+	for i := range racers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			leases[i], errs[i] = s.LockMaildrop(ctx(), user)
+		}()
+	}
+	wg.Wait()
+	var held store.MaildropLease
+	for i, err := range errs {
+		switch {
+		case err == nil && held == nil:
+			held = leases[i]
+		case err == nil:
+			t.Fatalf("two sessions hold the maildrop of %s at once", user)
+		case !errors.Is(err, store.ErrInUse):
+			t.Fatalf("racing LockMaildrop: %v, want nil or ErrInUse", err)
+		}
+	}
+	if held == nil {
+		t.Fatalf("none of %d racing sessions took the maildrop lease", racers)
+	}
+	if err := held.Held(); err != nil {
+		t.Fatalf("Held of a fresh lease: %v", err)
+	}
+	_, err := s.LockMaildrop(ctx(), user)
+	wantErr(t, "LockMaildrop of a held maildrop", err, store.ErrInUse)
+
+	o, err := s.LockMaildrop(ctx(), other)
+	if err != nil {
+		t.Fatalf("LockMaildrop of another user: %v", err)
+	}
+	if err := o.Release(ctx()); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+
+	if err := held.Release(ctx()); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if err := held.Release(ctx()); err != nil {
+		t.Fatalf("second Release: %v", err)
+	}
+	if held.Held() == nil {
+		t.Fatalf("Held of a released lease: nil, want ErrLeaseLost")
+	}
+	again, err := s.LockMaildrop(ctx(), user)
+	if err != nil {
+		t.Fatalf("LockMaildrop after Release: %v", err)
+	}
+	if err := again.Release(ctx()); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
 }
