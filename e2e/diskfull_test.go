@@ -141,9 +141,15 @@ func TestDiskFull(t *testing.T) {
 			t.Fatalf("delivery %d after space was freed: %v", i, err)
 		}
 	}
-	if log := s.Log(); !strings.Contains(log, "store disk full") || !strings.Contains(log, "store disk space available again") {
-		t.Errorf("the log does not mark entering and leaving the full state")
-	}
+	// Records below Warn reach the log within log.flush_interval.
+	eventually(t, 30*time.Second, "the log marking entering and leaving the full state", func() error {
+		for _, line := range []string{"store disk full", "store disk space available again"} {
+			if !strings.Contains(s.Log(), line) {
+				return fmt.Errorf("no %q in the log", line)
+			}
+		}
+		return nil
+	})
 
 	s.Restart(t)
 	got := mustFetchAll(t, s.Addr("pop3"), user, pw)
