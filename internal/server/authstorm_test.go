@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -110,14 +109,7 @@ func TestLoginStormBoundedMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	st.Close()
-	s, err := New(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	s := startServer(t, cfg)
 	addr := s.Listeners()["imap"]
 
 	runtime.GC()

@@ -96,7 +96,7 @@ func TestIdleConnectionMemory(t *testing.T) {
 			cfg := testConfig(t)
 			cfg.Listeners.IMAP = "127.0.0.1:0"
 			cfg.Limits.MaxConnectionsPerIP = 2 * n
-			addUsers(t, cfg, "alice@example.test")
+			addUser(t, cfg, "alice@example.test")
 			s := startServer(t, cfg)
 			addr := s.Listeners()[p.listener]
 			// One session first, so that what every session shares (the
@@ -109,7 +109,7 @@ func TestIdleConnectionMemory(t *testing.T) {
 					users = append(users, fmt.Sprintf("p%04d@example.test", i))
 				}
 				s.Shutdown(t.Context())
-				addUsers(t, cfg, users...)
+				addUser(t, cfg, users...)
 				s = startServer(t, cfg)
 				addr = s.Listeners()[p.listener]
 				next := 0

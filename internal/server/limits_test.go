@@ -7,31 +7,12 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"quill/internal/auth"
 	"quill/internal/config"
-	"quill/internal/store/embedded"
 )
-
-// addUsers creates the given users with a cheap KDF.
-func addUsers(t *testing.T, cfg config.Config, addrs ...string) {
-	t.Helper()
-	st, err := embedded.Open(filepath.Join(cfg.DataDir, StoreDir), embedded.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	d := &auth.Directory{Store: st, KDF: auth.KDFParams{MemoryKiB: 64, Time: 1, Threads: 1}}
-	for _, a := range addrs {
-		if err := d.AddUser(context.Background(), a, "password1", 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
 
 // startServer starts cfg's server and stops it when the test ends.
 func startServer(t *testing.T, cfg config.Config) *Server {
@@ -113,7 +94,7 @@ func TestTooManyRecipientsIsNotAnError(t *testing.T) {
 	for i := range n {
 		users = append(users, fmt.Sprintf("u%03d@example.test", i))
 	}
-	addUsers(t, cfg, users...)
+	addUser(t, cfg, users...)
 	s := startServer(t, cfg)
 	sc := dialSMTP(t, s.Listeners()["smtp"])
 	sc.cmd("EHLO client.example.test")
@@ -174,7 +155,7 @@ func TestSlowDATASenderIsCutOff(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Limits.MinTransferRate = 1 << 20
 	cfg.Limits.TransferGrace = config.Duration{Duration: 300 * time.Millisecond}
-	addUsers(t, cfg, "alice@example.test")
+	addUser(t, cfg, "alice@example.test")
 	s := startServer(t, cfg)
 	sc := dialSMTP(t, s.Listeners()["smtp"])
 	sc.cmd("EHLO client.example.test")
@@ -200,7 +181,7 @@ func TestSlowBDATSenderIsCutOff(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Limits.MinTransferRate = 1 << 20
 	cfg.Limits.TransferGrace = config.Duration{Duration: 300 * time.Millisecond}
-	addUsers(t, cfg, "alice@example.test")
+	addUser(t, cfg, "alice@example.test")
 	s := startServer(t, cfg)
 	sc := dialSMTP(t, s.Listeners()["smtp"])
 	sc.cmd("EHLO client.example.test")
@@ -223,7 +204,7 @@ func TestSlowAPPENDIsCutOff(t *testing.T) {
 	cfg.Listeners.IMAP = "127.0.0.1:0"
 	cfg.Limits.MinTransferRate = 1 << 20
 	cfg.Limits.TransferGrace = config.Duration{Duration: 300 * time.Millisecond}
-	addUsers(t, cfg, "alice@example.test")
+	addUser(t, cfg, "alice@example.test")
 	s := startServer(t, cfg)
 	c, err := net.Dial("tcp", s.Listeners()["imap"])
 	if err != nil {

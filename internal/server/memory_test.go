@@ -103,7 +103,7 @@ func TestConcurrentLargeBodiesBoundedMemory(t *testing.T) {
 	for i := range senders {
 		users = append(users, fmt.Sprintf("big%02d@example.test", i))
 	}
-	addUsers(t, cfg, users...)
+	addUser(t, cfg, users...)
 	s := startServer(t, cfg)
 	addr := s.Listeners()["smtp"]
 

@@ -2,11 +2,9 @@ package server
 
 import (
 	"bufio"
-	"context"
 	"encoding/binary"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"strings"
 	"testing"
@@ -53,14 +51,7 @@ func startProxied(t *testing.T, trusted ...string) (config.Config, string) {
 	// The clients are not on loopback any more: plaintext LOGIN needs this.
 	cfg.Auth.AllowInsecure = true
 	addUser(t, cfg, "alice@example.test")
-	s, err := New(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	s := startServer(t, cfg)
 	return cfg, s.Listeners()["imap"]
 }
 
@@ -133,14 +124,7 @@ func TestProxyProtocolReceivedField(t *testing.T) {
 	cfg.ProxyProtocol.Listeners = []string{"smtp"}
 	cfg.ProxyProtocol.TrustedProxies = []string{"127.0.0.1"}
 	addUser(t, cfg, "alice@example.test")
-	s, err := New(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	s := startServer(t, cfg)
 	ls := s.Listeners()
 
 	c, _ := proxyConn(t, ls["smtp"], []byte("PROXY TCP6 2001:db8::7 2001:db8::1 50000 25\r\n"))

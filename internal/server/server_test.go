@@ -39,7 +39,8 @@ func testConfig(t *testing.T) config.Config {
 	return cfg
 }
 
-func addUser(t *testing.T, cfg config.Config, addr string) {
+// addUser creates the given users, password "password1", with a cheap KDF.
+func addUser(t *testing.T, cfg config.Config, addrs ...string) {
 	t.Helper()
 	st, err := embedded.Open(filepath.Join(cfg.DataDir, StoreDir), embedded.Options{})
 	if err != nil {
@@ -47,8 +48,10 @@ func addUser(t *testing.T, cfg config.Config, addr string) {
 	}
 	defer st.Close()
 	d := &auth.Directory{Store: st, KDF: auth.KDFParams{MemoryKiB: 64, Time: 1, Threads: 1}}
-	if err := d.AddUser(context.Background(), addr, "password1", 0); err != nil {
-		t.Fatal(err)
+	for _, a := range addrs {
+		if err := d.AddUser(context.Background(), a, "password1", 0); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
