@@ -292,7 +292,7 @@ func Default() Config {
 		Delivery: Delivery{SubaddressSeparator: "+"},
 		// Bodies share the block cache with metadata; below about 256 MiB,
 		// retrieved bodies evict the index and metadata blocks every
-		// delivery reads (docs/performance.md measures 64 vs 256 MiB).
+		// delivery reads (docs/adr/0019-performance-record.md measures 64 vs 256 MiB).
 		// The reserve: room for the flush of two default memtables (32 MiB
 		// each) and the expunges of a while once the disk is full.
 		Store: Store{Engine: "embedded", CacheBytes: 256 << 20, ReserveBytes: 128 << 20, Cassandra: Cassandra{

@@ -28,7 +28,7 @@ type HugePages struct {
 // hash tables and skiplists of a few hundred MB probed at random, and on
 // 4 KiB pages nearly every probe also misses the TLB, which under
 // virtualization costs a two-dimensional page walk. Measured under the
-// Porcupine mix (docs/performance.md, ADR 0012): 0.135 against 0.162 ms
+// Porcupine mix (docs/adr/0019-performance-record.md, ADR 0012): 0.135 against 0.162 ms
 // of CPU per delivered message, the medians of four alternating pairs.
 //
 // How, on Linux: with /sys/kernel/mm/transparent_hugepage/enabled at

@@ -18,7 +18,7 @@ import (
 // interleaves them. Measured under the Porcupine mix on 2 CPUs: 6-9% more
 // delivered mail in closed loop, and SMTP p99 halved (20 to 10.5 ms) at
 // half the peak rate in open loop; four times the CPUs was worse than
-// twice (docs/performance.md). The benchmark's durable sinks, which block
+// twice (docs/adr/0019-performance-record.md). The benchmark's durable sinks, which block
 // in fdatasync and pread too, gained 2-7%. The default it doubles already follows a
 // cgroup CPU limit (Go 1.25); once set, the runtime no longer updates it
 // when the limit changes.

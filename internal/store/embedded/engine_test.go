@@ -275,7 +275,7 @@ func BenchmarkDeliverExpunge(b *testing.B) {
 // group's worth of writes (five 5,000-byte values, about what a group of
 // the Porcupine mix carries) committed with Sync on the engine's own Pebble,
 // from one goroutine, with nothing else running. Compare it with
-// quill_store_commit_seconds under load (docs/performance.md).
+// quill_store_commit_seconds under load (docs/adr/0019-performance-record.md).
 func BenchmarkSyncedCommit(b *testing.B) {
 	e := open(b, b.TempDir())
 	defer e.Close()
