@@ -41,6 +41,13 @@ const (
 	// RemoveLost: a message an acknowledged EXPUNGE or POP3 DELE+QUIT
 	// removed is still there at the end.
 	RemoveLost = "remove-lost"
+	// MoveNotAtomic: a MOVE that was not acknowledged (failed or
+	// ambiguous) left its message in both mailboxes. Quill's MOVE copies,
+	// then expunges the original (internal/imap/copy.go): an interruption
+	// between the two leaves both copies, never none. It is told apart
+	// from Duplicated so that a run can report this known limit without
+	// hiding a real duplicate.
+	MoveNotAtomic = "move-not-atomic"
 	// MoveLost: after an acknowledged MOVE, a moved message is still in
 	// the source, or is not in the destination under the UID COPYUID gave
 	// it (and nothing may have removed it from there since).
@@ -329,7 +336,7 @@ func (c *checker) observations() {
 				}
 				prev = s.UID
 			}
-			if !s.HasBody {
+			if s.Token == "" {
 				continue
 			}
 			if u, dup := inView[s.Token]; dup {
@@ -366,7 +373,7 @@ func (c *checker) sight(op *Op, v *View, s Seen) {
 			c.violate(Violation{Invariant: Phantom, Mailbox: mb.String(), Token: s.Token, UID: s.UID, Ops: []int{cr.Index, op.Index},
 				Detail: "the message of a failed " + cr.Kind.String() + " is visible"})
 		}
-	case s.Sum != cr.Sum:
+	case s.HasBody && s.Sum != cr.Sum:
 		if c.once(Corrupt + "\x00" + key) {
 			c.violate(Violation{Invariant: Corrupt, Mailbox: mb.String(), Token: s.Token, UID: s.UID, Ops: []int{cr.Index, op.Index},
 				Detail: fmt.Sprintf("body read back has sum %s, sent %s", s.Sum, cr.Sum)})
@@ -518,7 +525,7 @@ func (c *checker) finalState() {
 	}
 	for mb, v := range c.finals {
 		for _, s := range v.Messages {
-			if s.HasBody {
+			if s.Token != "" {
 				k := inst{mb.User, s.Token}
 				c.final[k] = append(c.final[k], located{mb, s.UID, s.Flags})
 			}
@@ -551,7 +558,19 @@ func (c *checker) messages(incomplete map[string]bool) {
 			for i, l := range locs {
 				where[i] = fmt.Sprintf("%s uid %d", l.mb, l.uid)
 			}
-			c.violate(Violation{Invariant: Duplicated, Mailbox: e.user, Token: e.token, Ops: []int{e.op.Index},
+			// Each unacknowledged MOVE of the message may have left one
+			// extra copy; more copies than that are a duplicate.
+			inv, ops := Duplicated, []int{e.op.Index}
+			var halfMoves []int
+			for _, m := range c.acting[e.token] {
+				if m.Kind == Move && m.Outcome != Ok && m.Mailbox.User == e.user {
+					halfMoves = append(halfMoves, m.Index)
+				}
+			}
+			if len(locs) <= 1+len(halfMoves) {
+				inv, ops = MoveNotAtomic, append(ops, halfMoves...)
+			}
+			c.violate(Violation{Invariant: inv, Mailbox: e.user, Token: e.token, Ops: ops,
 				Detail: "present " + fmt.Sprint(len(locs)) + " times at the end: " + strings.Join(where, ", ")})
 		}
 		if e.outcome != Ok || len(locs) > 0 || incomplete[e.user] {
@@ -589,7 +608,7 @@ func (c *checker) removals() {
 					continue
 				}
 				// Another message under that UID is a UIDReused.
-				if s, ok := fin.find(t.UID); ok && (!s.HasBody || s.Token == t.Token) {
+				if s, ok := fin.find(t.UID); ok && (s.Token == "" || s.Token == t.Token) {
 					c.violate(Violation{Invariant: RemoveLost, Mailbox: op.Mailbox.String(), UID: t.UID, Token: s.Token, Ops: []int{op.Index},
 						Detail: "acknowledged EXPUNGE, but the UID is still in the mailbox at the end"})
 				}
@@ -609,7 +628,7 @@ func (c *checker) removals() {
 
 func findToken(v *View, token string) (Seen, bool) {
 	for _, s := range v.Messages {
-		if s.HasBody && s.Token == token {
+		if s.Token != "" && s.Token == token {
 			return s, true
 		}
 	}
@@ -648,7 +667,7 @@ func (c *checker) moves() {
 		}
 		if src := c.finals[op.Mailbox]; src != nil && (op.View == nil || op.View.UIDValidity == src.UIDValidity) {
 			for _, t := range op.Targets {
-				if s, ok := src.find(t.UID); ok && (!s.HasBody || s.Token == t.Token) && !c.mayReenter(op, t.Token) {
+				if s, ok := src.find(t.UID); ok && (s.Token == "" || s.Token == t.Token) && !c.mayReenter(op, t.Token) {
 					c.violate(Violation{Invariant: MoveLost, Mailbox: op.Mailbox.String(), UID: t.UID, Token: s.Token, Ops: []int{op.Index},
 						Detail: "acknowledged MOVE to " + op.Dest + ", but the message is still in the source at the end"})
 				}
@@ -701,6 +720,12 @@ func (c *checker) flags() {
 			if c.storeMayFollow(op, t.Token) {
 				continue
 			}
+			// A STORE by UID on a message moved or expunged meanwhile
+			// changes nothing and still ends OK; the server's FETCH
+			// response says whether it reached the message.
+			if !reached(op, t.UID) && c.mayHaveLeft(op, t.Token) {
+				continue
+			}
 			verb := "added"
 			if !op.Add {
 				verb = "removed"
@@ -720,6 +745,27 @@ func (c *checker) flags() {
 			}
 		}
 	}
+}
+
+// mayHaveLeft reports whether token may have been moved or removed out
+// of op's mailbox before op took effect: by an operation that did not
+// fail and was invoked before op completed.
+func (c *checker) mayHaveLeft(op *Op, token string) bool {
+	for _, r := range c.acting[token] {
+		if (r.Kind == Expunge || r.Kind == Dele || r.Kind == Move) && r.Mailbox == op.Mailbox && r.Outcome != Failed && r.Invoke < op.Complete {
+			return true
+		}
+	}
+	return false
+}
+
+// reached reports whether a Store's FETCH responses name uid.
+func reached(op *Op, uid uint32) bool {
+	if op.View == nil {
+		return false
+	}
+	_, ok := op.View.find(uid)
+	return ok
 }
 
 func (c *checker) storeMayFollow(op *Op, token string) bool {

@@ -296,6 +296,16 @@ func TestFlagLost(t *testing.T) {
 		add(store(3, "a", 1, `\Flagged`, true, Ok)).
 		add(store(4, "a", 1, `\Flagged`, false, Ambiguous)).
 		add(final(inbox, msg(1, "a"))).ops)
+	// A STORE that raced a MOVE of its message reached nothing: no FETCH
+	// came back, and the message is in the destination without the flag.
+	race := (&hist{}).add(deliver("a", Ok, inbox.User))
+	st, mv := store(3, "a", 1, `\Flagged`, true, Ok), Op{Process: 4, Kind: Move, Outcome: Ok, Mailbox: inbox, Dest: "Archive",
+		Targets: []Target{{"a", 1}}, Moved: []UIDPair{{1, 2}}, DestValidity: 7}
+	st.Invoke, st.Complete, mv.Invoke, mv.Complete = 100, 120, 105, 110
+	race.add(st).add(mv).add(final(inbox)).add(final(archive, msg(2, "a")))
+	expect(t, "store raced a move", race.ops)
+	race.ops[1].View = &View{UIDValidity: 7, Messages: []Seen{{UID: 1, ModSeq: 9, Flags: []string{`\Flagged`}, HasFlags: true}}}
+	expect(t, "store reached the message before a move", race.ops, FlagLost)
 	// A flag follows its message through a MOVE.
 	expect(t, "flag kept across a move", (&hist{}).
 		add(deliver("a", Ok, inbox.User)).
@@ -397,6 +407,25 @@ func TestMove(t *testing.T) {
 		add(move(Ok)).
 		add(final(inbox)).
 		add(final(archive, msg(5, "a"))).ops)
+	// An interrupted MOVE that left both copies is its own invariant...
+	expect(t, "failed move left both", (&hist{}).
+		add(deliver("a", Ok, inbox.User)).
+		add(move(Failed)).
+		add(final(inbox, msg(1, "a"))).
+		add(final(archive, msg(5, "a"))).ops, MoveNotAtomic)
+	// ... but one interrupted MOVE explains one extra copy, not two.
+	expect(t, "two extra copies", (&hist{}).
+		add(deliver("a", Ok, inbox.User)).
+		add(move(Ambiguous)).
+		add(final(inbox, msg(1, "a"))).
+		add(final(archive, msg(5, "a"), msg(6, "a"))).ops, Duplicated)
+	// A listing of headers only names messages by token, without a sum.
+	hdr := msg(5, "a")
+	hdr.HasBody, hdr.Sum = false, Sum{}
+	expect(t, "header-only listing of a duplicate", (&hist{}).
+		add(deliver("a", Ok, inbox.User)).
+		add(read(4, archive, hdr, Seen{UID: 6, Token: "a"})).
+		add(final(inbox, msg(1, "a"))).ops, Duplicated)
 	expect(t, "moved, then expunged ambiguously", (&hist{}).
 		add(deliver("a", Ok, inbox.User)).
 		add(move(Ok)).

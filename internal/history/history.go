@@ -191,8 +191,10 @@ type UIDPair struct {
 // Seen is one message as an operation observed it.
 type Seen struct {
 	UID uint32 `json:"uid"`
-	// Token and Sum identify the body read back; HasBody is false when
-	// the body was not fetched (a STORE's FETCH response).
+	// Token identifies the message, as read from the server (its header
+	// or its body); "" when neither was fetched (a STORE's FETCH
+	// response). Sum is the checksum of the body read back, valid when
+	// HasBody.
 	Token   string `json:"token,omitempty"`
 	Sum     Sum    `json:"sum"`
 	HasBody bool   `json:"has_body,omitempty"`
