@@ -41,12 +41,15 @@ const (
 	// RemoveLost: a message an acknowledged EXPUNGE or POP3 DELE+QUIT
 	// removed is still there at the end.
 	RemoveLost = "remove-lost"
-	// MoveNotAtomic: a MOVE that was not acknowledged (failed or
-	// ambiguous) left its message in both mailboxes. Quill's MOVE copies,
-	// then expunges the original (internal/imap/copy.go): an interruption
-	// between the two leaves both copies, never none. It is told apart
-	// from Duplicated so that a run can report this known limit without
-	// hiding a real duplicate.
+	// MoveNotAtomic: what a MOVE that is a copy followed by an expunge
+	// of the original (Quill's today, internal/imap/copy.go), rather than
+	// one atomic step, lets clients see: an interrupted MOVE (failed or
+	// ambiguous) leaves the message in both mailboxes; two concurrent
+	// MOVEs of one message each copy it; a STORE acknowledged between a
+	// MOVE's copy and its expunge is lost. It is told apart from
+	// Duplicated and FlagLost, which it would otherwise be, so that a run
+	// can report this known limit without hiding a real duplicate or a
+	// real lost flag.
 	MoveNotAtomic = "move-not-atomic"
 	// MoveLost: after an acknowledged MOVE, a moved message is still in
 	// the source, or is not in the destination under the UID COPYUID gave
@@ -340,8 +343,14 @@ func (c *checker) observations() {
 				continue
 			}
 			if u, dup := inView[s.Token]; dup {
-				c.violate(Violation{Invariant: Duplicated, Mailbox: op.Mailbox.String(), Token: s.Token, UID: s.UID, Ops: []int{op.Index},
-					Detail: fmt.Sprintf("one listing shows the message under UIDs %d and %d", u, s.UID)})
+				inv, ops := Duplicated, []int{op.Index}
+				if moves, ok := c.moveExplains(op.Mailbox.User, s.Token, 2); ok {
+					inv, ops = MoveNotAtomic, append(ops, moves...)
+				}
+				if c.once(fmt.Sprintf("%s\x00%s\x00%s\x00%d\x00%d", inv, op.Mailbox, s.Token, u, s.UID)) {
+					c.violate(Violation{Invariant: inv, Mailbox: op.Mailbox.String(), Token: s.Token, UID: s.UID, Ops: ops,
+						Detail: fmt.Sprintf("one listing shows the message under UIDs %d and %d", u, s.UID)})
+				}
 			}
 			inView[s.Token] = s.UID
 			c.sight(op, v, s)
@@ -558,17 +567,9 @@ func (c *checker) messages(incomplete map[string]bool) {
 			for i, l := range locs {
 				where[i] = fmt.Sprintf("%s uid %d", l.mb, l.uid)
 			}
-			// Each unacknowledged MOVE of the message may have left one
-			// extra copy; more copies than that are a duplicate.
 			inv, ops := Duplicated, []int{e.op.Index}
-			var halfMoves []int
-			for _, m := range c.acting[e.token] {
-				if m.Kind == Move && m.Outcome != Ok && m.Mailbox.User == e.user {
-					halfMoves = append(halfMoves, m.Index)
-				}
-			}
-			if len(locs) <= 1+len(halfMoves) {
-				inv, ops = MoveNotAtomic, append(ops, halfMoves...)
+			if moves, ok := c.moveExplains(e.user, e.token, len(locs)); ok {
+				inv, ops = MoveNotAtomic, append(ops, moves...)
 			}
 			c.violate(Violation{Invariant: inv, Mailbox: e.user, Token: e.token, Ops: ops,
 				Detail: "present " + fmt.Sprint(len(locs)) + " times at the end: " + strings.Join(where, ", ")})
@@ -587,6 +588,46 @@ func (c *checker) messages(incomplete map[string]bool) {
 				Detail: "acknowledged " + e.op.Kind.String() + " is in none of the user's mailboxes, and nothing removed it"})
 		}
 	}
+}
+
+// moveExplains reports whether copies of token among user's mailboxes
+// can be the work of non-atomic MOVEs (see MoveNotAtomic): each MOVE may
+// leave one extra copy, provided one of them was interrupted (not Ok) or
+// two of them overlapped in time. It returns those MOVEs.
+func (c *checker) moveExplains(user, token string, copies int) ([]int, bool) {
+	var moves []*Op
+	for _, m := range c.acting[token] {
+		if m.Kind == Move && m.Mailbox.User == user {
+			moves = append(moves, m)
+		}
+	}
+	if copies > 1+len(moves) {
+		return nil, false
+	}
+	racy := false
+	for i, a := range moves {
+		if a.Outcome != Ok {
+			racy = true
+		}
+		for _, b := range moves[i+1:] {
+			if overlap(a, b) {
+				racy = true
+			}
+		}
+	}
+	if !racy {
+		return nil, false
+	}
+	idx := make([]int, len(moves))
+	for i, m := range moves {
+		idx[i] = m.Index
+	}
+	return idx, true
+}
+
+// overlap reports whether a and b may have run at the same time.
+func overlap(a, b *Op) bool {
+	return mayFollow(a, b) && mayFollow(b, a)
 }
 
 // removals checks that every acknowledged EXPUNGE and DELE+QUIT removed
@@ -730,6 +771,13 @@ func (c *checker) flags() {
 			if !op.Add {
 				verb = "removed"
 			}
+			// A STORE that reached the source while an overlapping MOVE
+			// had already copied the message is lost with the source.
+			if m := c.racingMove(op, t.Token, locs[0].mb); m != nil {
+				c.violate(Violation{Invariant: MoveNotAtomic, Mailbox: locs[0].mb.String(), UID: locs[0].uid, Token: t.Token, Ops: []int{op.Index, m.Index},
+					Detail: fmt.Sprintf("acknowledged STORE %s %s during a MOVE to %s, final flags (%s)", verb, op.Flag, m.Dest, strings.Join(locs[0].flags, " "))})
+				continue
+			}
 			c.violate(Violation{Invariant: FlagLost, Mailbox: locs[0].mb.String(), UID: locs[0].uid, Token: t.Token, Ops: []int{op.Index},
 				Detail: fmt.Sprintf("acknowledged STORE %s %s, final flags (%s)", verb, op.Flag, strings.Join(locs[0].flags, " "))})
 		}
@@ -745,6 +793,17 @@ func (c *checker) flags() {
 			}
 		}
 	}
+}
+
+// racingMove returns an Ok MOVE of token out of op's mailbox into dst
+// that overlapped op, if there is one.
+func (c *checker) racingMove(op *Op, token string, dst Mailbox) *Op {
+	for _, m := range c.acting[token] {
+		if m.Kind == Move && m.Outcome == Ok && m.Mailbox == op.Mailbox && m.Mailbox.User == dst.User && m.Dest == dst.Name && overlap(op, m) {
+			return m
+		}
+	}
+	return nil
 }
 
 // mayHaveLeft reports whether token may have been moved or removed out

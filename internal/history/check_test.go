@@ -305,6 +305,8 @@ func TestFlagLost(t *testing.T) {
 	race.add(st).add(mv).add(final(inbox)).add(final(archive, msg(2, "a")))
 	expect(t, "store raced a move", race.ops)
 	race.ops[1].View = &View{UIDValidity: 7, Messages: []Seen{{UID: 1, ModSeq: 9, Flags: []string{`\Flagged`}, HasFlags: true}}}
+	expect(t, "store reached the source during a move", race.ops, MoveNotAtomic)
+	race.ops[2].Invoke, race.ops[2].Complete = 130, 140
 	expect(t, "store reached the message before a move", race.ops, FlagLost)
 	// A flag follows its message through a MOVE.
 	expect(t, "flag kept across a move", (&hist{}).
@@ -413,12 +415,23 @@ func TestMove(t *testing.T) {
 		add(move(Failed)).
 		add(final(inbox, msg(1, "a"))).
 		add(final(archive, msg(5, "a"))).ops, MoveNotAtomic)
-	// ... but one interrupted MOVE explains one extra copy, not two.
+	// ... but one interrupted MOVE explains one extra copy, not two (the
+	// listing of Archive alone, with two, could be its work).
 	expect(t, "two extra copies", (&hist{}).
 		add(deliver("a", Ok, inbox.User)).
 		add(move(Ambiguous)).
 		add(final(inbox, msg(1, "a"))).
-		add(final(archive, msg(5, "a"), msg(6, "a"))).ops, Duplicated)
+		add(final(archive, msg(5, "a"), msg(6, "a"))).ops, Duplicated, MoveNotAtomic)
+	// Two overlapping acknowledged MOVEs of one message each copied it.
+	h := (&hist{}).add(deliver("a", Ok, inbox.User))
+	m1, m2 := move(Ok), move(Ok)
+	m2.Moved = []UIDPair{{1, 6}}
+	m1.Invoke, m1.Complete, m2.Invoke, m2.Complete = 100, 110, 105, 115
+	h.add(m1).add(m2).add(final(inbox)).add(final(archive, msg(5, "a"), msg(6, "a")))
+	expect(t, "concurrent moves, two copies", h.ops, MoveNotAtomic)
+	// The same two MOVEs one after the other cannot explain two copies.
+	h.ops[1].Invoke, h.ops[1].Complete, h.ops[2].Invoke, h.ops[2].Complete = 100, 110, 120, 130
+	expect(t, "sequential moves, two copies", h.ops, Duplicated)
 	// A listing of headers only names messages by token, without a sum.
 	hdr := msg(5, "a")
 	hdr.HasBody, hdr.Sum = false, Sum{}
