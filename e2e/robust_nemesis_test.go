@@ -108,7 +108,9 @@ func (n *nemesis) do(ctx context.Context, act string) error {
 	}
 	nodes := n.nodes.all()
 	i := n.r.IntN(len(nodes))
-	hold := 3*time.Second + time.Duration(n.r.Int64N(int64(5*time.Second)))
+	// Faults last 3 to 12 s: past the POP3 maildrop lease (5 s here)
+	// and Cassandra's request timeouts, often enough.
+	hold := 3*time.Second + time.Duration(n.r.Int64N(int64(9*time.Second)))
 	switch act {
 	case actKillQuill:
 		nodes[i].Kill()
@@ -163,10 +165,11 @@ func (n *nemesis) do(ctx context.Context, act string) error {
 		}
 		n.logf("cut q%d off from cassandra and the other nodes for %v", i, hold.Round(time.Millisecond))
 		n.hold(ctx, hold)
+		dropped := n.fw.dropped()
 		if err := n.fw.heal(gid); err != nil {
 			return err
 		}
-		n.logf("healed q%d", i)
+		n.logf("healed q%d (%d packets dropped)", i, dropped)
 	case actAddNode:
 		if len(nodes) >= n.maxNode {
 			n.logf("%s: skipped, the run has its %d nodes", act, n.maxNode)
@@ -329,6 +332,26 @@ func (f *firewall) cut(gid uint32) error {
 		f.cut_[gid] = append(f.cut_[gid], r)
 	}
 	return nil
+}
+
+// dropped returns how many packets the cuts in force have dropped: the
+// evidence that a partition was one.
+func (f *firewall) dropped() int64 {
+	var n int64
+	for _, chain := range []string{f.out, f.in} {
+		out, err := exec.Command("iptables", "-w", "-L", chain, "-v", "-n", "-x").Output()
+		if err != nil {
+			return -1
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			fields := strings.Fields(line)
+			if len(fields) > 2 && fields[2] == "DROP" {
+				v, _ := strconv.ParseInt(fields[0], 10, 64)
+				n += v
+			}
+		}
+	}
+	return n
 }
 
 func (f *firewall) heal(gid uint32) error {

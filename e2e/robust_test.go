@@ -192,7 +192,7 @@ maildrop_lease = "5s"
 		}
 	}
 	if n := res.ByInvariant()[history.MoveNotAtomic]; n > 0 {
-		t.Logf("%d MOVEs interrupted between their copy and their expunge left both copies: Quill's MOVE is not atomic yet (internal/imap/copy.go; issue 35 item 1); QUILL_ROBUST_STRICT=1 fails on it", n)
+		t.Logf("%d times clients saw that Quill's MOVE is a copy and then an expunge, not one atomic step (an interrupted MOVE left both copies, two concurrent MOVEs each copied the message, or a STORE between a MOVE's copy and its expunge was lost): a known limit until the user manager makes MOVE atomic (issue 35 item 1; internal/imap/copy.go); QUILL_ROBUST_STRICT=1 fails on it", n)
 	}
 	if fatal > 0 {
 		t.Errorf("%d violations of the client guarantees (seed %d)", fatal, seed)
