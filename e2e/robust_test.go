@@ -139,6 +139,9 @@ maildrop_lease = "5s"
 	load, stopLoad := context.WithTimeout(t.Context(), duration)
 	defer stopLoad()
 	var wg sync.WaitGroup
+	// On a failure that ends the test early, the clients stop (each
+	// within its operation's bound) before the servers do.
+	t.Cleanup(func() { stopLoad(); wg.Wait() })
 	for i := range clients {
 		cl := &robustClient{id: i, rec: rec, nodes: nodes, users: users, passwords: passwords,
 			r: rand.New(rand.NewPCG(r.Uint64(), uint64(i)))}
