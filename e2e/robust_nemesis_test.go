@@ -67,10 +67,10 @@ func (n *nemesis) logf(format string, args ...any) {
 }
 
 // run injects failures until ctx ends: first every action once, in an
-// order drawn from the RNG (so that a short run sees each), then actions
-// drawn at random. Before each it waits a gap of 4 to 9 s of run time and
-// until the clients have acknowledged minProgress more writes, which they
-// must do within stallTimeout.
+// order drawn from the RNG and 2 to 5 s apart (so that a short run sees
+// each), then actions drawn at random, 4 to 9 s apart. Before each it
+// also waits until the clients have acknowledged minProgress more writes,
+// which they must do within stallTimeout.
 func (n *nemesis) run(ctx context.Context, minProgress int, stallTimeout time.Duration) error {
 	order := make([]string, len(nemesisActions))
 	for i, j := range n.r.Perm(len(nemesisActions)) {
@@ -78,6 +78,9 @@ func (n *nemesis) run(ctx context.Context, minProgress int, stallTimeout time.Du
 	}
 	for step := 0; ; step++ {
 		gap := 4*time.Second + time.Duration(n.r.Int64N(int64(5*time.Second)))
+		if step < len(order) {
+			gap = 2*time.Second + time.Duration(n.r.Int64N(int64(3*time.Second)))
+		}
 		select {
 		case <-ctx.Done():
 			return nil

@@ -187,6 +187,11 @@ maildrop_lease = "5s"
 		acts = append(acts, fmt.Sprintf("%s: %d", a, nem.counts[a]))
 	}
 	t.Logf("nemesis actions: %s; cassandra restarts took %v", strings.Join(acts, ", "), nem.cassLog)
+	for _, a := range nemesisActions {
+		if _, skipped := nem.skipped[a]; nem.counts[a] == 0 && !skipped {
+			t.Logf("the run ended before the nemesis could %s (the clients' progress paces it)", a)
+		}
+	}
 
 	fatal := 0
 	for inv, n := range res.ByInvariant() {
