@@ -19,8 +19,10 @@ import (
 
 	"quill/internal/admin"
 	"quill/internal/auth"
+	"quill/internal/cluster/credentials"
 	"quill/internal/config"
 	"quill/internal/server"
+	"quill/internal/store"
 )
 
 // target says where user and alias commands act.
@@ -98,6 +100,7 @@ func adminConfig(file, data string) (config.Config, error) {
 // adminStore is what the admin commands need of a storage engine.
 type adminStore interface {
 	auth.DirectoryStore
+	credentials.Secrets
 	Check(ctx context.Context) ([]string, error)
 	Close() error
 }
@@ -113,7 +116,7 @@ func openStore(cfg config.Config, stderr io.Writer) (adminStore, error) {
 		if err != nil {
 			return nil, fmt.Errorf("opening cassandra keyspace %s: %w", cfg.Store.Cassandra.Keyspace, err)
 		}
-		return st, nil
+		return asAdminStore(st)
 	}
 	if _, err := os.Stat(cfg.DataDir); err != nil {
 		return nil, fmt.Errorf("data directory: %w", err)
@@ -122,7 +125,18 @@ func openStore(cfg config.Config, stderr io.Writer) (adminStore, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (is a server running on %s without an admin listener?)", err, cfg.DataDir)
 	}
-	return st, nil
+	return asAdminStore(st)
+}
+
+// asAdminStore checks that an engine offers what the admin commands need
+// (both engines do), closing it otherwise.
+func asAdminStore(st store.Store) (adminStore, error) {
+	as, ok := st.(adminStore)
+	if !ok {
+		st.Close()
+		return nil, fmt.Errorf("store engine %T lacks secrets or checks", st)
+	}
+	return as, nil
 }
 
 // readPassword reads one line from stdin; on a terminal it prompts and

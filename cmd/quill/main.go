@@ -26,9 +26,10 @@ commands:
   alias del ALIAS            remove an alias
   alias list                 list aliases
   check                      verify the store's consistency (server stopped)
+  cluster init               create the cluster's credentials in the store, once
   version                    print the version
 
-user, alias and check take --data DIR (default ./quill-data) and, for a
+user, alias, check and cluster init take --data DIR (default ./quill-data) and, for a
 Cassandra store, --config FILE; user and alias also take --admin-addr
 HOST:PORT with --admin-token-file FILE to act through a running server.
 `
@@ -52,6 +53,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = aliasCmd(args[1:], stdout, stderr)
 	case "check":
 		err = checkCmd(args[1:], stdout, stderr)
+	case "cluster":
+		err = clusterCmd(args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "quill", versionString())
 		return 0
