@@ -55,6 +55,10 @@ var allowed = map[string][]string{
 	// credentials live in the store (store.Secrets).
 	"internal/cluster/usermap":     {},
 	"internal/cluster/credentials": {"internal/store"},
+	// The node-to-node channel: TLS with the credentials, gRPC and gossip
+	// over one listener; the generated RPC service.
+	"internal/cluster/transport": {"internal/cluster/credentials"},
+	"internal/cluster/clusterpb": {},
 
 	// Leaves.
 	"internal/config":                {"internal/mail"},
