@@ -59,6 +59,8 @@ var allowed = map[string][]string{
 	// over one listener; the generated RPC service.
 	"internal/cluster/transport": {"internal/cluster/credentials"},
 	"internal/cluster/clusterpb": {},
+	// Membership: memberlist over the transport.
+	"internal/cluster/membership": {"internal/cluster/credentials", "internal/cluster/transport"},
 
 	// Leaves.
 	"internal/config":                {"internal/mail"},
