@@ -61,6 +61,10 @@ var allowed = map[string][]string{
 	"internal/cluster/clusterpb": {},
 	// Membership: memberlist over the transport.
 	"internal/cluster/membership": {"internal/cluster/credentials", "internal/cluster/transport"},
+	// The node's part of the cluster: starts the pieces above in order,
+	// serves the Node RPC service, computes the status view.
+	"internal/cluster": {"internal/cluster/clusterpb", "internal/cluster/credentials", "internal/cluster/membership",
+		"internal/cluster/transport", "internal/cluster/usermap", "internal/store"},
 
 	// Leaves.
 	"internal/config":                {"internal/mail"},

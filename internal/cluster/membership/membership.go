@@ -382,6 +382,11 @@ func (m *Membership) SetDraining(ctx context.Context, draining bool) error {
 // at once instead of detecting it) and waits until that is sent or ctx
 // ends. Close must still be called.
 func (m *Membership) Leave(ctx context.Context) error {
+	select {
+	case <-m.stop:
+		return errors.New("membership: leave after close") // memberlist panics on it
+	default:
+	}
 	timeout := 5 * time.Second
 	if d, ok := ctx.Deadline(); ok {
 		timeout = time.Until(d)
