@@ -47,6 +47,24 @@ func (t target) open(stderr io.Writer) (admin.Directory, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	c, err := t.client(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	if c != nil {
+		return c, func() {}, nil
+	}
+	st, err := openStore(cfg, stderr)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &auth.Directory{Store: st}, func() { st.Close() }, nil
+}
+
+// client returns a client of the admin API of a running server: the one
+// --admin-addr names, or the one DATA/admin.addr names if it answers; nil
+// when there is none.
+func (t target) client(cfg config.Config) (*admin.Client, error) {
 	addr := *t.adminAddr
 	if addr == "" {
 		if b, err := os.ReadFile(filepath.Join(cfg.DataDir, server.AdminAddrFile)); err == nil {
@@ -59,26 +77,22 @@ func (t target) open(stderr io.Writer) (admin.Directory, func(), error) {
 			// is free to open directly.
 		}
 	}
-	if addr != "" {
-		tokenFile := *t.tokenFile
-		if tokenFile == "" {
-			tokenFile = filepath.Join(cfg.DataDir, server.AdminTokenFile)
-		}
-		token := os.Getenv("QUILL_ADMIN_TOKEN")
-		if token == "" {
-			b, err := os.ReadFile(tokenFile)
-			if err != nil {
-				return nil, nil, fmt.Errorf("admin token: %w (set --admin-token-file or QUILL_ADMIN_TOKEN)", err)
-			}
-			token = strings.TrimSpace(string(b))
-		}
-		return &admin.Client{Addr: addr, Token: token}, func() {}, nil
+	if addr == "" {
+		return nil, nil
 	}
-	st, err := openStore(cfg, stderr)
-	if err != nil {
-		return nil, nil, err
+	tokenFile := *t.tokenFile
+	if tokenFile == "" {
+		tokenFile = filepath.Join(cfg.DataDir, server.AdminTokenFile)
 	}
-	return &auth.Directory{Store: st}, func() { st.Close() }, nil
+	token := os.Getenv("QUILL_ADMIN_TOKEN")
+	if token == "" {
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("admin token: %w (set --admin-token-file or QUILL_ADMIN_TOKEN)", err)
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	return &admin.Client{Addr: addr, Token: token}, nil
 }
 
 // adminConfig is the configuration the admin commands act on: the file

@@ -30,7 +30,7 @@ var allowed = map[string][]string{
 	"bench/compare": {"internal/auth", "internal/loadgen", "internal/server", "internal/store", "internal/store/embedded"},
 
 	// Composition root: may import everything below it.
-	"internal/server": {"internal/admin", "internal/auth", "internal/config", "internal/delivery", "internal/imap", "internal/mailbox",
+	"internal/server": {"internal/admin", "internal/auth", "internal/cluster", "internal/config", "internal/delivery", "internal/imap", "internal/mailbox",
 		"internal/pop3", "internal/smtp", "internal/store", "internal/store/cassandra", "internal/store/embedded", "internal/textconn"},
 
 	// Protocol front ends: domain services through their own interfaces,

@@ -32,8 +32,10 @@ import (
 // ErrUnknownNode: no live node has the ID given. It wraps store.ErrNotFound.
 var ErrUnknownNode = fmt.Errorf("cluster: no live node with that ID: %w", store.ErrNotFound)
 
-// rpcTimeout bounds one call to another node on behalf of an operator.
-const rpcTimeout = 3 * time.Second
+// rpcTimeout bounds one call to another node on behalf of an operator: a
+// live node on the cluster's network answers in milliseconds, and a status
+// must not wait long on a node about to be declared dead.
+const rpcTimeout = time.Second
 
 // Options configure Start.
 type Options struct {

@@ -29,6 +29,7 @@ import (
 
 	"quill/internal/admin"
 	"quill/internal/auth"
+	"quill/internal/cluster"
 	"quill/internal/config"
 	"quill/internal/delivery"
 	"quill/internal/mailbox"
@@ -64,9 +65,10 @@ type Server struct {
 	cfg config.Config
 	log *slog.Logger
 
-	store store.Store
-	reg   *prometheus.Registry
-	ready atomic.Bool
+	store   store.Store
+	cluster *cluster.Node // nil with the cluster off
+	reg     *prometheus.Registry
+	ready   atomic.Bool
 
 	listeners map[string]net.Listener
 	servers   map[string]protocolServer
@@ -105,6 +107,14 @@ func (s *Server) Start() (err error) {
 
 	if s.store, err = s.openStore(); err != nil {
 		return err
+	}
+	// One connection limiter for every listener; its count of sessions is
+	// also the node's load in the cluster.
+	limiter := textconn.NewLimiter(cfg.Limits.MaxConnectionsPerIP, cfg.Limits.MaxConnections)
+	if config.Enabled(cfg.Cluster.Addr) {
+		if err := s.startCluster(limiter.Active); err != nil {
+			return err
+		}
 	}
 	tlsConfig, err := loadTLS(cfg.TLS.CertFile, cfg.TLS.KeyFile, filepath.Join(cfg.DataDir, TLSDir), cfg.Hostname)
 	if err != nil {
@@ -150,7 +160,6 @@ func (s *Server) Start() (err error) {
 			s.log.Warn("no postmaster: RFC 5321 4.5.1 requires one; add a user or an alias", "address", "postmaster@"+d)
 		}
 	}
-	limiter := textconn.NewLimiter(cfg.Limits.MaxConnectionsPerIP, cfg.Limits.MaxConnections)
 
 	newSMTP := func(name string, mode smtp.Mode, implicit bool) *smtp.Server {
 		return &smtp.Server{
@@ -239,6 +248,29 @@ func (s *Server) Start() (err error) {
 	return nil
 }
 
+// startCluster starts this node's part of the cluster (credentials from
+// the store, transport, membership: internal/cluster), before any listener
+// serves, so that a ready node has joined.
+func (s *Server) startCluster(sessions func() int) error {
+	secrets, ok := s.store.(store.Secrets)
+	if !ok {
+		return fmt.Errorf("cluster: store engine %T keeps no secrets", s.store)
+	}
+	c := s.cfg.Cluster
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	node, err := cluster.Start(ctx, cluster.Options{
+		DataDir: s.cfg.DataDir, Addr: c.Addr, Advertise: c.AdvertiseAddr, Join: c.Join,
+		DetectionTimeout: c.DetectionTimeout.Duration, Secrets: secrets, Sessions: sessions,
+		Logger: s.log.With("component", "cluster"), Registerer: s.reg,
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: %w", err)
+	}
+	s.cluster = node
+	return nil
+}
+
 func (s *Server) startAdmin(authn *auth.Authenticator) error {
 	token, err := adminToken(filepath.Join(s.cfg.DataDir, AdminTokenFile))
 	if err != nil {
@@ -255,6 +287,7 @@ func (s *Server) startAdmin(authn *auth.Authenticator) error {
 			Gatherer:  s.reg,
 			Ready:     s.ready.Load,
 			Store:     storeHealth(s.store),
+			Cluster:   clusterAdmin(s.cluster),
 			Token:     token,
 			Logger:    s.log.With("component", "admin"),
 		}),
@@ -323,6 +356,9 @@ func (s *Server) Listeners() map[string]string {
 	for name, ln := range s.listeners {
 		out[name] = ln.Addr().String()
 	}
+	if s.cluster != nil {
+		out["cluster"] = s.cluster.Addr()
+	}
 	return out
 }
 
@@ -362,6 +398,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.wg.Wait()
 	err := errors.Join(errs...)
+	if s.cluster != nil {
+		// Leaves the cluster (the others list this node dead at once),
+		// then stops membership and the transport.
+		err = errors.Join(err, s.cluster.Shutdown(ctx))
+	}
 	if s.store != nil {
 		err = errors.Join(err, s.store.Close())
 	}
@@ -382,6 +423,9 @@ func (s *Server) closeAll() {
 		os.Remove(filepath.Join(s.cfg.DataDir, AdminAddrFile))
 	}
 	s.wg.Wait()
+	if s.cluster != nil {
+		s.cluster.Shutdown(context.Background())
+	}
 	if s.store != nil {
 		s.store.Close()
 	}
