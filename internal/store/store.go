@@ -251,8 +251,14 @@ type MailboxOptions struct {
 	Subscribed bool
 }
 
-// Store is the storage contract. Every method is safe for concurrent use.
-type Store interface {
+// Engine is the contract of a storage engine under the user manager
+// (internal/usermgr, ADR 0023): the directory (users, aliases), mailboxes'
+// records and names, blobs, reads of messages and change logs, quota
+// usage, the POP3 maildrop lease and a consistency check. Mailbox writes
+// that assign UIDs and MODSEQs are not here: the manager builds them and
+// an engine applies them as batches (BatchWriter), or, until it does,
+// orders them itself (Store). Every method is safe for concurrent use.
+type Engine interface {
 	// CreateUser creates u with an INBOX; ErrExists if the address is taken
 	// by a user or an alias.
 	CreateUser(ctx context.Context, u User) error
@@ -297,17 +303,9 @@ type Store interface {
 	// OpenBlob returns a reader over a blob.
 	OpenBlob(ctx context.Context, id ID) (BlobReader, error)
 
-	// Append appends messages to a mailbox in order, assigning consecutive
-	// UIDs and one new ModSeq, and returns them as stored. Each appended
-	// message holds a reference to its blob.
-	Append(ctx context.Context, mailbox ID, msgs []NewMessage, opts AppendOptions) ([]Message, error)
 	// ListMessages returns up to limit messages with UID >= from, ascending.
 	ListMessages(ctx context.Context, mailbox ID, from uint32, limit int) ([]Message, error)
 	GetMessage(ctx context.Context, mailbox ID, uid uint32) (Message, error)
-	SetFlags(ctx context.Context, mailbox ID, change FlagChange) (FlagResult, error)
-	// Expunge removes the given UIDs (missing ones are ignored) and returns
-	// the UIDs removed, ascending, and the ModSeq of the expunge.
-	Expunge(ctx context.Context, mailbox ID, uids []uint32) ([]uint32, uint64, error)
 	// Changes returns change log entries with ModSeq > since, ascending
 	// by (ModSeq, UID): up to limit of them, and more only to finish the
 	// last MODSEQ it reaches, so that a caller paging by that entry's
@@ -327,6 +325,24 @@ type Store interface {
 	// contents, every reference resolves) and returns the problems found.
 	Check(ctx context.Context) ([]string, error)
 	Close() error
+}
+
+// Store is what the layers above the user manager use: an Engine plus the
+// mailbox writes, ordered, with their UIDs and MODSEQs assigned. The user
+// manager implements it over any engine; the Cassandra engine implements
+// it on its own too (its writes order themselves with conditional
+// updates), which the manager uses until that engine applies batches.
+type Store interface {
+	Engine
+
+	// Append appends messages to a mailbox in order, assigning consecutive
+	// UIDs and one new ModSeq, and returns them as stored. Each appended
+	// message holds a reference to its blob.
+	Append(ctx context.Context, mailbox ID, msgs []NewMessage, opts AppendOptions) ([]Message, error)
+	SetFlags(ctx context.Context, mailbox ID, change FlagChange) (FlagResult, error)
+	// Expunge removes the given UIDs (missing ones are ignored) and returns
+	// the UIDs removed, ascending, and the ModSeq of the expunge.
+	Expunge(ctx context.Context, mailbox ID, uids []uint32) ([]uint32, uint64, error)
 }
 
 // MaildropLocker grants the exclusive hold a POP3 session has on a user's
