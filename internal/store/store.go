@@ -1,16 +1,20 @@
-// Package store defines the storage contract the rest of Quill uses: users
-// and aliases, mailboxes with their IMAP counters, messages, shared body
-// blobs, a per-mailbox change log and quota usage. Engines live beneath it
-// (embedded/, later cassandra/) and all pass the conformance suite in
-// storetest.
+// Package store defines the storage contracts: Engine, what a storage
+// engine provides (users and aliases, mailboxes with their IMAP counters,
+// messages, shared body blobs, a per-mailbox change log, quota usage),
+// Batch and BatchWriter, the already-ordered writes a user manager hands
+// an engine (ADR 0023), and Store, an Engine with ordered mailbox writes,
+// which the layers above use (internal/usermgr implements it). Engines live
+// beneath it (embedded/, cassandra/) and all pass the conformance suite in
+// storetest, through the user manager.
 //
-// Invariants every engine upholds, whatever the number of processes using
+// Invariants every Store upholds, whatever the number of processes using
 // it at once (an engine may not rely on one process holding locks):
 //
 //   - Within a mailbox, UIDs and MODSEQs are strictly increasing in the order
 //     in which any reader can observe them, and a UID is never reused under
 //     one UIDVALIDITY.
-//   - A successful Append, SetFlags or Expunge is durable when it returns.
+//   - A successful Append, SetFlags or Expunge is durable when it returns,
+//     and so is a batch whose BatchWriter wait returned nil.
 //   - A blob is deleted only after the last message referencing it is gone.
 //   - A mailbox's change log holds every change above its ExpungeFloor:
 //     each present message's latest change, and each expunge.
