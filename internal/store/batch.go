@@ -19,6 +19,12 @@ import (
 // reader ever sees the message in both mailboxes or in neither.
 type Batch struct {
 	User string
+	// Epoch is the fencing epoch under which the writer manages User's
+	// bucket (ADR 0024). An engine shared by several nodes stamps the
+	// batch's writes with it, so that every write of a later epoch
+	// outranks them; the embedded engine, which one process opens,
+	// ignores it.
+	Epoch uint64
 	// Heads moves mailbox heads forward and adjusts their counts. Every
 	// mailbox the batch adds to, flags in or expunges from has one entry.
 	Heads []HeadChange
@@ -150,4 +156,17 @@ type BatchWriter interface {
 	// queued. The wait function must be called once; b must not be
 	// modified until it returns.
 	SubmitBatch(ctx context.Context, b *Batch) (wait func() error, err error)
+}
+
+// Adopter is implemented by an engine shared by several nodes, whose
+// mailbox writes are fenced by epoch (ADR 0024).
+type Adopter interface {
+	// AdoptMailbox makes epoch the writer epoch of mailbox before its
+	// first batch of that epoch: it reads the head at the engine's
+	// strongest consistency, fences every write of an earlier epoch above
+	// it (UID >= UIDNext, MODSEQ > HighestModSeq) so that none can ever
+	// become visible, however late it arrives, and returns the head. It is
+	// idempotent for one epoch, and fails with ErrConflict when the
+	// mailbox was adopted at a later epoch (the caller was deposed).
+	AdoptMailbox(ctx context.Context, mailbox ID, epoch uint64) (Mailbox, error)
 }

@@ -42,8 +42,25 @@ type Notifier interface {
 	Notify(mailbox store.ID)
 }
 
+// Owner says under which fencing epoch this node manages a user (ADR
+// 0024): the cluster's ownership of the user's bucket.
+type Owner interface {
+	// Epoch returns the epoch, or an error when this node does not manage
+	// user now. Epochs of one user never decrease.
+	Epoch(user string) (uint64, error)
+}
+
+// soleOwner is the owner of a single node: it manages every user, at
+// epoch 1, for good.
+type soleOwner struct{}
+
+func (soleOwner) Epoch(string) (uint64, error) { return 1, nil }
+
 // Options configure a Manager.
 type Options struct {
+	// Owner, if set, decides which users this node manages and under
+	// which epoch; nil means every user, at epoch 1 (a single node).
+	Owner Owner
 	// Notifier, if set, hears of every durable write.
 	Notifier Notifier
 	// MaxUsers bounds the users whose state is kept; idle users beyond
@@ -64,13 +81,15 @@ type Manager struct {
 	// only publishes events.
 	w      store.BatchWriter
 	own    store.Store
+	adopt  store.Adopter // nil: heads are read with GetMailboxByID
+	owner  Owner
 	notify Notifier
 	max    int
 
 	mu    sync.Mutex
 	users map[string]*user
-	// owner maps a mailbox to its user (mailbox IDs are never reused).
-	owner map[store.ID]string
+	// owners maps a mailbox to its user (mailbox IDs are never reused).
+	owners map[store.ID]string
 }
 
 var _ store.Store = (*Manager)(nil)
@@ -78,8 +97,12 @@ var _ store.Store = (*Manager)(nil)
 // New returns the manager of every user of e, which must apply batches
 // (store.BatchWriter) or order its own writes (store.Store).
 func New(e store.Engine, opts Options) *Manager {
-	m := &Manager{Engine: e, notify: opts.Notifier, max: opts.MaxUsers,
-		users: map[string]*user{}, owner: map[store.ID]string{}}
+	m := &Manager{Engine: e, owner: opts.Owner, notify: opts.Notifier, max: opts.MaxUsers,
+		users: map[string]*user{}, owners: map[store.ID]string{}}
+	if m.owner == nil {
+		m.owner = soleOwner{}
+	}
+	m.adopt, _ = e.(store.Adopter)
 	if m.max <= 0 {
 		m.max = 1 << 20
 	}
@@ -101,6 +124,7 @@ type user struct {
 	// mu orders the user's writes: held while one is built and submitted.
 	mu sync.Mutex
 	// Guarded by mu:
+	epoch   uint64 // the epoch heads were loaded under
 	heads   map[store.ID]*head
 	usage   store.Usage
 	usageOK bool
@@ -160,15 +184,15 @@ func (m *Manager) evictLocked() {
 			n++
 		}
 	}
-	if len(m.owner) >= 4*m.max {
-		clear(m.owner)
+	if len(m.owners) >= 4*m.max {
+		clear(m.owners)
 	}
 }
 
 // userOf returns the user owning mailbox.
 func (m *Manager) userOf(ctx context.Context, mailbox store.ID) (string, error) {
 	m.mu.Lock()
-	name, ok := m.owner[mailbox]
+	name, ok := m.owners[mailbox]
 	m.mu.Unlock()
 	if ok {
 		return name, nil
@@ -178,7 +202,7 @@ func (m *Manager) userOf(ctx context.Context, mailbox store.ID) (string, error) 
 		return "", err
 	}
 	m.mu.Lock()
-	m.owner[mailbox] = mb.User
+	m.owners[mailbox] = mb.User
 	m.mu.Unlock()
 	return mb.User, nil
 }
@@ -238,10 +262,29 @@ func (m *Manager) head(ctx context.Context, u *user, mailbox store.ID) (*head, e
 			return nil, err
 		}
 	}
+	epoch, err := m.owner.Epoch(u.name)
+	if err != nil {
+		return nil, err
+	}
+	if epoch != u.epoch {
+		// Managed anew (or first seen): what u holds came from another
+		// term; every head is adopted again under this one.
+		if err := m.drain(ctx, u); err != nil {
+			return nil, err
+		}
+		clear(u.heads)
+		u.usageOK = false
+		u.epoch = epoch
+	}
 	if h := u.heads[mailbox]; h != nil {
 		return h, nil
 	}
-	mb, err := m.Engine.GetMailboxByID(ctx, mailbox)
+	var mb store.Mailbox
+	if m.adopt != nil {
+		mb, err = m.adopt.AdoptMailbox(ctx, mailbox, epoch)
+	} else {
+		mb, err = m.Engine.GetMailboxByID(ctx, mailbox)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("mailbox %s: %w", mailbox, err)
 	}
@@ -256,6 +299,7 @@ func (m *Manager) head(ctx context.Context, u *user, mailbox store.ID) (*head, e
 // submit queues b for u (whose mu is held) and returns the function that
 // waits for it; finish must be called with its outcome.
 func (m *Manager) submit(ctx context.Context, u *user, b *store.Batch) (func() error, error) {
+	b.Epoch = u.epoch
 	wait, err := m.w.SubmitBatch(ctx, b)
 	if err != nil {
 		return nil, err

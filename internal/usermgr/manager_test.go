@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -404,4 +405,74 @@ func TestMoveIsAtomic(t *testing.T) {
 		t.Fatalf("move to another user's mailbox: %v", err)
 	}
 	checkStore(t, e)
+}
+
+// epochOwner is an Owner whose epoch the test moves, or that refuses.
+type epochOwner struct {
+	epoch atomic.Uint64
+	deny  atomic.Bool
+}
+
+var errNotManaged = errors.New("not managed here")
+
+func (o *epochOwner) Epoch(string) (uint64, error) {
+	if o.deny.Load() {
+		return 0, errNotManaged
+	}
+	return o.epoch.Load(), nil
+}
+
+// adoptingEngine is the embedded engine seen through the fencing contract
+// of a shared engine: it records the epochs of adoptions and batches.
+type adoptingEngine struct {
+	*embedded.Engine
+	mu      sync.Mutex
+	adopted []uint64
+	batches []uint64
+}
+
+func (a *adoptingEngine) AdoptMailbox(ctx context.Context, id store.ID, epoch uint64) (store.Mailbox, error) {
+	a.mu.Lock()
+	a.adopted = append(a.adopted, epoch)
+	a.mu.Unlock()
+	return a.GetMailboxByID(ctx, id)
+}
+
+func (a *adoptingEngine) SubmitBatch(ctx context.Context, b *store.Batch) (func() error, error) {
+	a.mu.Lock()
+	a.batches = append(a.batches, b.Epoch)
+	a.mu.Unlock()
+	return a.Engine.SubmitBatch(ctx, b)
+}
+
+// The manager writes under the owner's epoch: a mailbox is adopted once per
+// epoch before its first batch, every batch carries the epoch, a new epoch
+// makes it adopt again, and a user it does not manage is refused.
+func TestWritesCarryTheOwnersEpoch(t *testing.T) {
+	e := &adoptingEngine{Engine: openEngine(t)}
+	var o epochOwner
+	o.epoch.Store(7)
+	m := New(e, Options{Owner: &o})
+	defer m.Close()
+	mb := inbox(t, m, "a@x", 0)
+	for range 3 {
+		if _, err := m.Append(ctx(), mb.ID, []store.NewMessage{body("m")}, store.AppendOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o.epoch.Store(9)
+	got, err := m.Append(ctx(), mb.ID, []store.NewMessage{body("m")}, store.AppendOptions{})
+	if err != nil || got[0].UID != 4 {
+		t.Fatalf("append in the new epoch: %v %v", got, err)
+	}
+	e.mu.Lock()
+	adopted, batches := slices.Clone(e.adopted), slices.Clone(e.batches)
+	e.mu.Unlock()
+	if !slices.Equal(adopted, []uint64{7, 9}) || !slices.Equal(batches, []uint64{7, 7, 7, 9}) {
+		t.Fatalf("adopted at %v, batches at %v; want [7 9] and [7 7 7 9]", adopted, batches)
+	}
+	o.deny.Store(true)
+	if _, err := m.Append(ctx(), mb.ID, []store.NewMessage{body("m")}, store.AppendOptions{}); !errors.Is(err, errNotManaged) {
+		t.Fatalf("append for a user not managed here: %v", err)
+	}
 }
