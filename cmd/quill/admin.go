@@ -144,7 +144,7 @@ func openStore(cfg config.Config, stderr io.Writer) (adminStore, error) {
 
 // asAdminStore checks that an engine offers what the admin commands need
 // (both engines do), closing it otherwise.
-func asAdminStore(st store.Store) (adminStore, error) {
+func asAdminStore(st store.Engine) (adminStore, error) {
 	as, ok := st.(adminStore)
 	if !ok {
 		st.Close()

@@ -31,7 +31,8 @@ var allowed = map[string][]string{
 
 	// Composition root: may import everything below it.
 	"internal/server": {"internal/admin", "internal/auth", "internal/cluster", "internal/config", "internal/delivery", "internal/imap", "internal/mailbox",
-		"internal/pop3", "internal/smtp", "internal/store", "internal/store/cassandra", "internal/store/embedded", "internal/textconn"},
+		"internal/pop3", "internal/smtp", "internal/store", "internal/store/cassandra", "internal/store/embedded", "internal/textconn",
+		"internal/usermgr"},
 
 	// Protocol front ends: domain services through their own interfaces,
 	// and the domain packages' types and error values. Never the store.
@@ -44,6 +45,10 @@ var allowed = map[string][]string{
 	"internal/delivery": {"internal/mail", "internal/mime", "internal/store"},
 	"internal/mailbox":  {"internal/store"},
 	"internal/auth":     {"internal/mail", "internal/store", "internal/textconn"},
+
+	// The user manager: the one ordered writer of a user's mailboxes,
+	// above the engines' narrow contracts.
+	"internal/usermgr": {"internal/store"},
 
 	// Storage.
 	"internal/store":           {},

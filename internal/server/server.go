@@ -37,6 +37,7 @@ import (
 	"quill/internal/smtp"
 	"quill/internal/store"
 	"quill/internal/textconn"
+	"quill/internal/usermgr"
 )
 
 // Run-time files in the data directory.
@@ -65,7 +66,9 @@ type Server struct {
 	cfg config.Config
 	log *slog.Logger
 
-	store   store.Store
+	// store is the user manager over engine: every write goes through it.
+	store   *usermgr.Manager
+	engine  store.Engine
 	cluster *cluster.Node // nil with the cluster off
 	reg     *prometheus.Registry
 	ready   atomic.Bool
@@ -105,7 +108,7 @@ func (s *Server) Start() (err error) {
 	s.reg = prometheus.NewRegistry()
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	if s.store, err = s.openStore(); err != nil {
+	if s.engine, err = s.openStore(); err != nil {
 		return err
 	}
 	// One connection limiter for every listener; its count of sessions is
@@ -116,6 +119,11 @@ func (s *Server) Start() (err error) {
 			return err
 		}
 	}
+	// The change hub wakes IMAP sessions (IDLE) when a mailbox changes; the
+	// user manager, this node's one writer of every user's mailboxes,
+	// announces each durable write there.
+	hub := mailbox.NewHub()
+	s.store = usermgr.New(s.engine, usermgr.Options{Notifier: hub})
 	tlsConfig, err := loadTLS(cfg.TLS.CertFile, cfg.TLS.KeyFile, filepath.Join(cfg.DataDir, TLSDir), cfg.Hostname)
 	if err != nil {
 		return err
@@ -134,20 +142,17 @@ func (s *Server) Start() (err error) {
 		Logger:          s.log.With("component", "auth"),
 		Registry:        s.reg,
 	})
-	// The change hub wakes IMAP sessions (IDLE) when mail is delivered.
-	hub := mailbox.NewHub()
 	// With no IMAP listener nothing reads a message's summary until one is
 	// enabled, and IMAP then computes and keeps the summaries of the
 	// messages delivered meanwhile (docs/adr/0011); with one, delivery
 	// computes them (ADR 0007).
-	_, lazy := s.store.(store.MetaSetter)
+	_, lazy := s.engine.(store.MetaSetter)
 	lazy = lazy && !config.Enabled(cfg.Listeners.IMAP) && !config.Enabled(cfg.Listeners.IMAPS)
 	// One budget for every body in flight, SMTP, LMTP and IMAP APPEND.
 	budget := delivery.NewBudget(cfg.Limits.BodyMemoryBudget, bodyBudgetWait)
 	agent := delivery.NewAgent(s.store, delivery.Options{
 		Budget:              budget,
 		LazySummaries:       lazy,
-		Notifier:            hub,
 		Domains:             cfg.Domains,
 		Hostname:            cfg.Hostname,
 		SubaddressSeparator: cfg.Delivery.SubaddressSeparator,
@@ -252,9 +257,9 @@ func (s *Server) Start() (err error) {
 // the store, transport, membership: internal/cluster), before any listener
 // serves, so that a ready node has joined.
 func (s *Server) startCluster(sessions func() int) error {
-	secrets, ok := s.store.(store.Secrets)
+	secrets, ok := s.engine.(store.Secrets)
 	if !ok {
-		return fmt.Errorf("cluster: store engine %T keeps no secrets", s.store)
+		return fmt.Errorf("cluster: store engine %T keeps no secrets", s.engine)
 	}
 	c := s.cfg.Cluster
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -286,7 +291,7 @@ func (s *Server) startAdmin(authn *auth.Authenticator) error {
 			Directory: &auth.Directory{Store: s.store},
 			Gatherer:  s.reg,
 			Ready:     s.ready.Load,
-			Store:     storeHealth(s.store),
+			Store:     storeHealth(s.engine),
 			Cluster:   clusterAdmin(s.cluster),
 			Token:     token,
 			Logger:    s.log.With("component", "admin"),
@@ -432,6 +437,6 @@ func (s *Server) closeAll() {
 }
 
 // openStore opens the configured engine (see OpenStore).
-func (s *Server) openStore() (store.Store, error) {
+func (s *Server) openStore() (store.Engine, error) {
 	return OpenStore(s.cfg, s.log.With("component", "store"), s.reg)
 }
