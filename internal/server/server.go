@@ -30,6 +30,7 @@ import (
 	"quill/internal/admin"
 	"quill/internal/auth"
 	"quill/internal/cluster"
+	"quill/internal/cluster/events"
 	"quill/internal/config"
 	"quill/internal/delivery"
 	"quill/internal/mailbox"
@@ -114,16 +115,19 @@ func (s *Server) Start() (err error) {
 	// One connection limiter for every listener; its count of sessions is
 	// also the node's load in the cluster.
 	limiter := textconn.NewLimiter(cfg.Limits.MaxConnectionsPerIP, cfg.Limits.MaxConnections)
-	if config.Enabled(cfg.Cluster.Addr) {
-		if err := s.startCluster(limiter.Active); err != nil {
-			return err
-		}
-	}
 	// The change hub wakes IMAP sessions (IDLE) when a mailbox changes; the
 	// user manager, this node's one writer of every user's mailboxes,
-	// announces each durable write there.
+	// announces each durable write there, and with the cluster on also to
+	// the other nodes, whose events reach the hub too.
 	hub := mailbox.NewHub()
-	s.store = usermgr.New(s.engine, usermgr.Options{Notifier: hub})
+	var notifier usermgr.Notifier = hub
+	if config.Enabled(cfg.Cluster.Addr) {
+		if err := s.startCluster(limiter.Active, hub); err != nil {
+			return err
+		}
+		notifier = s.cluster.Events()
+	}
+	s.store = usermgr.New(s.engine, usermgr.Options{Notifier: notifier})
 	tlsConfig, err := loadTLS(cfg.TLS.CertFile, cfg.TLS.KeyFile, filepath.Join(cfg.DataDir, TLSDir), cfg.Hostname)
 	if err != nil {
 		return err
@@ -256,7 +260,7 @@ func (s *Server) Start() (err error) {
 // startCluster starts this node's part of the cluster (credentials from
 // the store, transport, membership: internal/cluster), before any listener
 // serves, so that a ready node has joined.
-func (s *Server) startCluster(sessions func() int) error {
+func (s *Server) startCluster(sessions func() int, local events.Local) error {
 	secrets, ok := s.engine.(store.Secrets)
 	if !ok {
 		return fmt.Errorf("cluster: store engine %T keeps no secrets", s.engine)
@@ -266,7 +270,7 @@ func (s *Server) startCluster(sessions func() int) error {
 	defer cancel()
 	node, err := cluster.Start(ctx, cluster.Options{
 		DataDir: s.cfg.DataDir, Addr: c.Addr, Advertise: c.AdvertiseAddr, Join: c.Join,
-		DetectionTimeout: c.DetectionTimeout.Duration, Secrets: secrets, Sessions: sessions,
+		DetectionTimeout: c.DetectionTimeout.Duration, Secrets: secrets, Sessions: sessions, Local: local,
 		Logger: s.log.With("component", "cluster"), Registerer: s.reg,
 	})
 	if err != nil {
