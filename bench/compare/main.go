@@ -75,7 +75,7 @@ type options struct {
 	zipf, pop3Share, rate                  float64
 	sizes, out, retrieval                  string
 	skipInstall, keep                      bool
-	only                                   string
+	only, baseline                         string
 	kdf                                    string
 	cpuprofile                             string
 	// The saturation search (--saturate): each run is a
@@ -142,6 +142,8 @@ func main() {
 	flag.StringVar(&o.out, "out", "", "write every run's summary as JSON to this file")
 	flag.BoolVar(&o.skipInstall, "skip-install", false, "do not apt-get install missing packages")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (logs, data)")
+	flag.StringVar(&o.baseline, "baseline", "", "also run Quill built from this git `revision` of the working tree's repository, as target baseline, "+
+		"in every round beside quill (A B A B), for a non-regression ratio")
 	flag.StringVar(&o.only, "only", "", "run and start only these `targets`, comma-separated: quill, peer, sink, durable-sink, mail-floor, volatile-floor")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of quill's first run to this file (taken through its admin endpoint)")
 	flag.StringVar(&o.kdf, "kdf", "default", "argon2id cost of the users' password hash, the same on both servers: "+
@@ -225,6 +227,9 @@ func run(ctx context.Context, o options) (err error) {
 	wanted := func(name string) bool {
 		if (name == "mail-floor" || name == "volatile-floor") && o.retrieval != loadgen.RetrievalPOP3 {
 			return false
+		}
+		if name == "baseline" {
+			return o.baseline != ""
 		}
 		return o.only == "" || slices.Contains(strings.Split(o.only, ","), name)
 	}
@@ -314,14 +319,22 @@ func run(ctx context.Context, o options) (err error) {
 	// started only if it runs.
 	var targets []target
 	var qaddrs map[string]string
+	var stops []func()
+	defer func() {
+		for _, stop := range stops {
+			stop()
+		}
+	}()
 	qdata := filepath.Join(root, "quill-data")
-	if wanted("quill") {
+	// startQuill provisions a store and starts a Quill built from bin as
+	// target name.
+	startQuill := func(name, bin, data string) (map[string]string, error) {
 		// Users loaded into the store before it starts.
 		t0 := time.Now()
-		if err := provisionQuill(ctx, qdata, all, hash); err != nil {
-			return fmt.Errorf("provisioning quill: %w", err)
+		if err := provisionQuill(ctx, data, all, hash); err != nil {
+			return nil, fmt.Errorf("provisioning %s: %w", name, err)
 		}
-		fmt.Fprintf(os.Stderr, "compare: provisioned %d users in quill's store in %v\n", len(all), time.Since(t0).Round(time.Millisecond))
+		fmt.Fprintf(os.Stderr, "compare: provisioned %d users in %s's store in %v\n", len(all), name, time.Since(t0).Round(time.Millisecond))
 		// IMAP is served whatever the mix retrieves with, as Dovecot
 		// serves it: with IMAP on, Quill stores a summary of every
 		// message it delivers, and the peer's work includes its own.
@@ -330,23 +343,41 @@ func run(ctx context.Context, o options) (err error) {
 		// limit (100 by default) must not bind before the machine does,
 		// as the peer's process limits do not (peer.go). The login cache
 		// is Dovecot's (--auth-cache): off, or the same lifetime.
-		qcfg := filepath.Join(root, "quill.toml")
+		qcfg := filepath.Join(root, name+".toml")
 		qtoml := fmt.Sprintf("[limits]\nmax_connections_per_ip = 5000\n\n[auth]\ncache_ttl = %q\n", quillCacheTTL(authTTL))
 		if err := os.WriteFile(qcfg, []byte(qtoml), 0o644); err != nil {
-			return err
+			return nil, err
 		}
-		var quill *child
-		quill, qaddrs, err = startChild(ctx, root, "quill", true, filepath.Join(bin, "quill"), "serve",
-			"--config", qcfg, "--data", qdata, "--domain", domain, "--hostname", "quill.bench.invalid", "--print-listeners",
+		admin := "127.0.0.1:0"
+		if name == "quill" {
+			admin = adminAddr(o)
+		}
+		c, addrs, err := startChild(ctx, root, name, true, bin, "serve",
+			"--config", qcfg, "--data", data, "--domain", domain, "--hostname", "quill.bench.invalid", "--print-listeners",
 			"--smtp-addr", "127.0.0.1:0", "--pop3-addr", "127.0.0.1:0",
 			"--submission-addr", "off", "--submissions-addr", "off", "--lmtp-addr", "off", "--pop3s-addr", "off",
-			"--imap-addr", imapAddr, "--imaps-addr", "off", "--admin-addr", adminAddr(o))
+			"--imap-addr", imapAddr, "--imaps-addr", "off", "--admin-addr", admin)
+		if err != nil {
+			return nil, err
+		}
+		stops = append(stops, c.stop)
+		targets = append(targets, target{name: name, smtp: addrs["smtp"], pop3: addrs["pop3"], imap: addrs["imap"],
+			procs: map[string]int{"quill": c.pid()}, alive: c.running, syncs: true})
+		return addrs, nil
+	}
+	if wanted("quill") {
+		if qaddrs, err = startQuill("quill", filepath.Join(bin, "quill"), qdata); err != nil {
+			return err
+		}
+	}
+	if o.baseline != "" {
+		baseBin, err := buildBaseline(ctx, root, o.baseline)
 		if err != nil {
 			return err
 		}
-		defer quill.stop()
-		targets = append(targets, target{name: "quill", smtp: qaddrs["smtp"], pop3: qaddrs["pop3"], imap: qaddrs["imap"],
-			procs: map[string]int{"quill": quill.pid()}, alive: quill.running, syncs: true})
+		if _, err := startQuill("baseline", baseBin, filepath.Join(root, "baseline-data")); err != nil {
+			return err
+		}
 	}
 	if wanted("peer") {
 		pr, err := startPeer(ctx, root, domain, all, hash, authTTL)
@@ -777,4 +808,26 @@ func cpuProfile(ctx context.Context, admin, data string, d time.Duration, out st
 		return err
 	}
 	return f.Close()
+}
+
+// buildBaseline builds the quill binary of git revision rev of the
+// repository the harness runs in, from a clean export of that revision
+// (git archive), and returns its path.
+func buildBaseline(ctx context.Context, root, rev string) (string, error) {
+	src := filepath.Join(root, "baseline-src")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		return "", err
+	}
+	archive := exec.CommandContext(ctx, "sh", "-c", `git archive --format=tar "$1" | tar -x -C "$2"`, "sh", rev, src)
+	if out, err := archive.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("--baseline %s: exporting the revision: %w\n%s", rev, err, out)
+	}
+	bin := filepath.Join(root, "bin", "quill-baseline")
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/quill")
+	build.Dir = src
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("--baseline %s: building: %w\n%s", rev, err, out)
+	}
+	fmt.Fprintf(os.Stderr, "compare: baseline is quill at %s\n", rev)
+	return bin, nil
 }

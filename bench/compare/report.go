@@ -80,6 +80,7 @@ type column struct{ target, heading string }
 // columns are the targets of the comparison, in the order of the runs.
 var columns = []column{
 	{"quill", "quill"},
+	{"baseline", "baseline"},
 	{"peer", "postfix+dovecot"},
 	{"sink", "sink"},
 	{"durable-sink", "durable-sink"},
@@ -94,6 +95,8 @@ var shares = []struct {
 	of, per  string
 	num, den string // figure names
 }{
+	{"quill delivered / baseline delivered", "quill", "baseline", "delivered msg/s", "delivered msg/s"},
+	{"quill cpu / baseline cpu per delivered msg", "quill", "baseline", "cpu ms / delivered msg", "cpu ms / delivered msg"},
 	{"quill delivered / sink accepted", "quill", "sink", "delivered msg/s", "accepted msg/s"},
 	{"durable-sink accepted / sink accepted", "durable-sink", "sink", "accepted msg/s", "accepted msg/s"},
 	{"quill delivered / durable-sink accepted", "quill", "durable-sink", "delivered msg/s", "accepted msg/s"},

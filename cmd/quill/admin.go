@@ -19,8 +19,10 @@ import (
 
 	"quill/internal/admin"
 	"quill/internal/auth"
+	"quill/internal/cluster/credentials"
 	"quill/internal/config"
 	"quill/internal/server"
+	"quill/internal/store"
 )
 
 // target says where user and alias commands act.
@@ -45,6 +47,24 @@ func (t target) open(stderr io.Writer) (admin.Directory, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	c, err := t.client(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	if c != nil {
+		return c, func() {}, nil
+	}
+	st, err := openStore(cfg, stderr)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &auth.Directory{Store: st}, func() { st.Close() }, nil
+}
+
+// client returns a client of the admin API of a running server: the one
+// --admin-addr names, or the one DATA/admin.addr names if it answers; nil
+// when there is none.
+func (t target) client(cfg config.Config) (*admin.Client, error) {
 	addr := *t.adminAddr
 	if addr == "" {
 		if b, err := os.ReadFile(filepath.Join(cfg.DataDir, server.AdminAddrFile)); err == nil {
@@ -57,26 +77,22 @@ func (t target) open(stderr io.Writer) (admin.Directory, func(), error) {
 			// is free to open directly.
 		}
 	}
-	if addr != "" {
-		tokenFile := *t.tokenFile
-		if tokenFile == "" {
-			tokenFile = filepath.Join(cfg.DataDir, server.AdminTokenFile)
-		}
-		token := os.Getenv("QUILL_ADMIN_TOKEN")
-		if token == "" {
-			b, err := os.ReadFile(tokenFile)
-			if err != nil {
-				return nil, nil, fmt.Errorf("admin token: %w (set --admin-token-file or QUILL_ADMIN_TOKEN)", err)
-			}
-			token = strings.TrimSpace(string(b))
-		}
-		return &admin.Client{Addr: addr, Token: token}, func() {}, nil
+	if addr == "" {
+		return nil, nil
 	}
-	st, err := openStore(cfg, stderr)
-	if err != nil {
-		return nil, nil, err
+	tokenFile := *t.tokenFile
+	if tokenFile == "" {
+		tokenFile = filepath.Join(cfg.DataDir, server.AdminTokenFile)
 	}
-	return &auth.Directory{Store: st}, func() { st.Close() }, nil
+	token := os.Getenv("QUILL_ADMIN_TOKEN")
+	if token == "" {
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("admin token: %w (set --admin-token-file or QUILL_ADMIN_TOKEN)", err)
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	return &admin.Client{Addr: addr, Token: token}, nil
 }
 
 // adminConfig is the configuration the admin commands act on: the file
@@ -98,6 +114,7 @@ func adminConfig(file, data string) (config.Config, error) {
 // adminStore is what the admin commands need of a storage engine.
 type adminStore interface {
 	auth.DirectoryStore
+	credentials.Secrets
 	Check(ctx context.Context) ([]string, error)
 	Close() error
 }
@@ -113,7 +130,7 @@ func openStore(cfg config.Config, stderr io.Writer) (adminStore, error) {
 		if err != nil {
 			return nil, fmt.Errorf("opening cassandra keyspace %s: %w", cfg.Store.Cassandra.Keyspace, err)
 		}
-		return st, nil
+		return asAdminStore(st)
 	}
 	if _, err := os.Stat(cfg.DataDir); err != nil {
 		return nil, fmt.Errorf("data directory: %w", err)
@@ -122,7 +139,18 @@ func openStore(cfg config.Config, stderr io.Writer) (adminStore, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (is a server running on %s without an admin listener?)", err, cfg.DataDir)
 	}
-	return st, nil
+	return asAdminStore(st)
+}
+
+// asAdminStore checks that an engine offers what the admin commands need
+// (both engines do), closing it otherwise.
+func asAdminStore(st store.Engine) (adminStore, error) {
+	as, ok := st.(adminStore)
+	if !ok {
+		st.Close()
+		return nil, fmt.Errorf("store engine %T lacks secrets or checks", st)
+	}
+	return as, nil
 }
 
 // readPassword reads one line from stdin; on a terminal it prompts and

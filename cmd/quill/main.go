@@ -26,11 +26,15 @@ commands:
   alias del ALIAS            remove an alias
   alias list                 list aliases
   check                      verify the store's consistency (server stopped)
+  cluster init               create the cluster's credentials in the store, once
+  cluster status [--json]    list the cluster's nodes: state, buckets, load
+  cluster drain NODE-ID [--undo]   move a node's buckets to the others (or back)
   version                    print the version
 
-user, alias and check take --data DIR (default ./quill-data) and, for a
+user, alias, check and cluster take --data DIR (default ./quill-data) and, for a
 Cassandra store, --config FILE; user and alias also take --admin-addr
-HOST:PORT with --admin-token-file FILE to act through a running server.
+HOST:PORT with --admin-token-file FILE to act through a running server
+(cluster status and drain always do).
 `
 
 func main() {
@@ -52,6 +56,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = aliasCmd(args[1:], stdout, stderr)
 	case "check":
 		err = checkCmd(args[1:], stdout, stderr)
+	case "cluster":
+		err = clusterCmd(args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "quill", versionString())
 		return 0

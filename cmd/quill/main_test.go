@@ -69,3 +69,30 @@ func TestUserCommandsOnDataDir(t *testing.T) {
 		t.Fatalf("weak password: %d %q", code, errb.String())
 	}
 }
+
+// TestClusterInitOnce: the first `quill cluster init` creates the
+// credentials in the store, the second finds the same CA and changes
+// nothing.
+func TestClusterInitOnce(t *testing.T) {
+	dir := t.TempDir()
+	var out, errb bytes.Buffer
+	// The embedded engine opens only an existing data directory.
+	if code := run([]string{"user", "add", "a@example.test", "--data", dir}, strings.NewReader("a long password\n"), &out, &errb); code != 0 {
+		t.Fatalf("user add: %d %s", code, errb.String())
+	}
+	out.Reset()
+	if code := run([]string{"cluster", "init", "--data", dir}, nil, &out, &errb); code != 0 || !strings.Contains(out.String(), "created") {
+		t.Fatalf("first cluster init: %d %q %s", code, out.String(), errb.String())
+	}
+	first := out.String()
+	ca := first[strings.Index(first, "sha256:"):]
+	ca = ca[:strings.IndexByte(ca, ')')]
+	out.Reset()
+	if code := run([]string{"cluster", "init", "--data", dir}, nil, &out, &errb); code != 0 ||
+		!strings.Contains(out.String(), "exist already") || !strings.Contains(out.String(), ca) {
+		t.Fatalf("second cluster init: %d %q %s; want the first CA %s, unchanged", code, out.String(), errb.String(), ca)
+	}
+	if code := run([]string{"cluster", "frobnicate"}, nil, &out, &errb); code != 2 {
+		t.Fatalf("unknown cluster sub-command: code %d", code)
+	}
+}

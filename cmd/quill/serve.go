@@ -32,6 +32,8 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&domains, "domain", "local mail domain (repeatable; default localhost)")
 	printListeners := fs.Bool("print-listeners", false, "print the bound listener addresses as one JSON line on stdout once ready")
 	logLevel := fs.String("log-level", "", "debug, info, warn or error")
+	clusterAddr := fs.String("cluster-addr", "", "host:port of the node-to-node listener (TCP and UDP), or off (a single node)")
+	join := fs.String("join", "", "host:port[,host:port...] of any live nodes of the cluster to join")
 	addrs := map[string]*string{}
 	for _, name := range []string{"smtp", "submission", "submissions", "lmtp", "pop3", "pop3s", "imap", "imaps", "admin"} {
 		addrs[name] = fs.String(name+"-addr", "", "host:port of the "+name+" listener, or off")
@@ -60,6 +62,12 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	}
 	if *logLevel != "" {
 		cfg.Log.Level = *logLevel
+	}
+	if *clusterAddr != "" {
+		cfg.Cluster.Addr = *clusterAddr
+	}
+	if *join != "" {
+		cfg.Cluster.Join = strings.Split(*join, ",")
 	}
 	l := &cfg.Listeners
 	for name, dst := range map[string]*string{

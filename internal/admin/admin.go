@@ -5,7 +5,8 @@
 //
 // The API (everything under /api/) and the Go profiler (/debug/pprof/)
 // require the bearer token stored in the data directory; health, readiness
-// and metrics do not.
+// and metrics do not. /api/cluster reports the node's cluster (quill cluster
+// status) and /api/cluster/drain drains a node (quill cluster drain).
 //
 // Health and readiness answer different questions. /readyz is 503 whenever
 // the node should not be sent traffic: while starting or draining, and
@@ -53,9 +54,11 @@ type Options struct {
 	// and draining).
 	Ready func() bool
 	// Store reports the store's health (nil: always writable).
-	Store  func() store.Health
-	Token  string
-	Logger *slog.Logger
+	Store func() store.Health
+	// Cluster is the node's cluster (nil: the node runs alone).
+	Cluster Cluster
+	Token   string
+	Logger  *slog.Logger
 }
 
 // UserInfo is a user as the API lists it (never with its password hash).
@@ -119,7 +122,7 @@ func NewHandler(o Options) http.Handler {
 	if o.Gatherer != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{}))
 	}
-	api := &api{d: o.Directory, log: o.Logger}
+	api := &api{d: o.Directory, c: o.Cluster, log: o.Logger}
 	mux.HandleFunc("GET /api/users", api.listUsers)
 	mux.HandleFunc("POST /api/users", api.addUser)
 	mux.HandleFunc("PATCH /api/users/{address}", api.updateUser)
@@ -127,6 +130,8 @@ func NewHandler(o Options) http.Handler {
 	mux.HandleFunc("GET /api/aliases", api.listAliases)
 	mux.HandleFunc("POST /api/aliases", api.addAlias)
 	mux.HandleFunc("DELETE /api/aliases/{alias}", api.deleteAlias)
+	mux.HandleFunc("GET /api/cluster", api.clusterStatus)
+	mux.HandleFunc("POST /api/cluster/drain", api.clusterDrain)
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -150,6 +155,7 @@ func authorized(r *http.Request, token string) bool {
 
 type api struct {
 	d   Directory
+	c   Cluster // nil: the node runs alone
 	log *slog.Logger
 }
 

@@ -158,3 +158,19 @@ func TestHealthReportsStore(t *testing.T) {
 		})
 	}
 }
+
+// TestClusterOff: on a node without a cluster, the cluster endpoints say
+// so (and still require the token).
+func TestClusterOff(t *testing.T) {
+	ready := true
+	srv, c := setup(t, &ready)
+	if code, _ := get(t, srv.URL+"/api/cluster"); code != http.StatusUnauthorized {
+		t.Fatalf("/api/cluster without token = %d", code)
+	}
+	if _, err := c.ClusterStatus(context.Background()); !errors.Is(err, ErrClusterOff) {
+		t.Fatalf("ClusterStatus = %v, want ErrClusterOff", err)
+	}
+	if _, err := c.Drain(context.Background(), "x", true); !errors.Is(err, ErrClusterOff) {
+		t.Fatalf("Drain = %v, want ErrClusterOff", err)
+	}
+}

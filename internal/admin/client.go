@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -22,6 +23,9 @@ type Client struct {
 }
 
 var _ Directory = (*Client)(nil)
+
+// ErrClusterOff: the server asked runs without a cluster.
+var ErrClusterOff = errors.New("admin: the node runs without a cluster")
 
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
 	var rd io.Reader
@@ -50,7 +54,7 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 	if resp.StatusCode >= 300 {
 		var e apiError
 		json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&e)
-		kind := map[string]error{"not_found": store.ErrNotFound, "exists": store.ErrExists, "invalid": store.ErrInvalid}[e.Kind]
+		kind := map[string]error{"not_found": store.ErrNotFound, "exists": store.ErrExists, "invalid": store.ErrInvalid, "cluster_off": ErrClusterOff}[e.Kind]
 		if kind != nil {
 			return fmt.Errorf("%w (%s)", kind, e.Error)
 		}

@@ -37,6 +37,7 @@ type Config struct {
 	Auth      Auth      `toml:"auth"`
 	Delivery  Delivery  `toml:"delivery"`
 	Store     Store     `toml:"store"`
+	Cluster   Cluster   `toml:"cluster"`
 	Log       Log       `toml:"log"`
 
 	// ProxyProtocol: listeners behind a proxy that passes the client's address.
@@ -183,6 +184,22 @@ type Cassandra struct {
 	Password   string `toml:"password"`
 }
 
+// Cluster configures the node-to-node listener, membership and the seed
+// list (docs/cluster.md). With Addr off the node runs alone.
+type Cluster struct {
+	// Addr is the node-to-node listener, TCP and UDP on one port
+	// (host:port), or "off".
+	Addr string `toml:"addr"`
+	// AdvertiseAddr is the host:port other nodes reach this one at; ""
+	// means Addr, which must then name a specific address.
+	AdvertiseAddr string `toml:"advertise_addr"`
+	// Join lists host:port of any live nodes; empty starts a new cluster.
+	Join []string `toml:"join"`
+	// DetectionTimeout bounds how long a dead node is listed alive
+	// (membership's timers follow from it; docs/adr/0020).
+	DetectionTimeout Duration `toml:"detection_timeout"`
+}
+
 // Log configures logging to standard error.
 type Log struct {
 	Level  string `toml:"level"`  // debug, info, warn, error
@@ -311,7 +328,10 @@ func Default() Config {
 			// log in elsewhere, and a session renews every 10 s (one LWT).
 			MaildropLease: Duration{30 * time.Second},
 		}},
-		Log: Log{Level: "info", Format: "text", FlushInterval: Duration{100 * time.Millisecond}},
+		// A single node unless asked; 2 s is the issue's bound on
+		// detecting a dead node, met with room (docs/adr/0020).
+		Cluster: Cluster{Addr: Off, DetectionTimeout: Duration{2 * time.Second}},
+		Log:     Log{Level: "info", Format: "text", FlushInterval: Duration{100 * time.Millisecond}},
 	}
 }
 
@@ -429,6 +449,7 @@ func (c *Config) Validate() error {
 	if c.Store.ReserveBytes < 0 {
 		bad("store.reserve_bytes must not be negative")
 	}
+	validateCluster(c, bad)
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":
 	default:
@@ -551,4 +572,47 @@ func validateCassandra(c Cassandra, bad func(string, ...any)) {
 	if !c.TLS && (c.CAFile != "" || c.CertFile != "") {
 		bad("store.cassandra.ca_file/cert_file need tls = true")
 	}
+}
+
+// validateCluster checks the [cluster] section.
+func validateCluster(c *Config, bad func(string, ...any)) {
+	cl := c.Cluster
+	if err := checkAddr(cl.Addr); err != nil {
+		bad("cluster.addr: %v", err)
+	}
+	if cl.DetectionTimeout.Duration < 500*time.Millisecond || cl.DetectionTimeout.Duration > time.Minute {
+		bad("cluster.detection_timeout must be between 500ms and 1m")
+	}
+	for _, a := range cl.Join {
+		if err := checkPeer(a); err != nil {
+			bad("cluster.join: %v", err)
+		}
+	}
+	if cl.AdvertiseAddr != "" {
+		if err := checkPeer(cl.AdvertiseAddr); err != nil {
+			bad("cluster.advertise_addr: %v", err)
+		}
+	}
+	if !Enabled(cl.Addr) {
+		if len(cl.Join) > 0 {
+			bad("cluster.join needs cluster.addr (--cluster-addr)")
+		}
+		return
+	}
+	if c.Store.Engine != "cassandra" {
+		bad("cluster.addr needs store.engine = \"cassandra\": the embedded store admits one process, so nodes cannot share it")
+	}
+}
+
+// checkPeer checks a host:port another node is reached at: a port other
+// than 0 is required.
+func checkPeer(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return fmt.Errorf("%q is not host:port", addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("%q has a bad port", addr)
+	}
+	return nil
 }

@@ -133,3 +133,45 @@ func TestValidateMaildropLease(t *testing.T) {
 		t.Errorf("default cassandra config: %v", err)
 	}
 }
+
+func TestCluster(t *testing.T) {
+	c, err := Load(write(t, `
+[store]
+engine = "cassandra"
+[cluster]
+addr = "10.0.0.1:7946"
+join = ["10.0.0.2:7946", "node3.example.test:7946"]
+detection_timeout = "3s"
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.Cluster.Addr != "10.0.0.1:7946" || len(c.Cluster.Join) != 2 || c.Cluster.DetectionTimeout.Duration != 3*time.Second {
+		t.Fatalf("cluster loaded %+v", c.Cluster)
+	}
+	if d := Default().Cluster; d.Addr != Off || d.DetectionTimeout.Duration != 2*time.Second {
+		t.Fatalf("default cluster %+v", d)
+	}
+	if _, err := Load(write(t, "[cluster]\nseeds = []\n")); err == nil || !strings.Contains(err.Error(), "cluster.seeds") {
+		t.Fatalf("unknown cluster key accepted: %v", err)
+	}
+
+	c = Default()
+	c.Cluster = Cluster{Addr: "127.0.0.1:7946", Join: []string{"nohost", "127.0.0.1:0"}, AdvertiseAddr: ":7946",
+		DetectionTimeout: Duration{100 * time.Millisecond}}
+	err = c.Validate()
+	for _, want := range []string{`store.engine = "cassandra"`, `cluster.join: "nohost"`, `cluster.join: "127.0.0.1:0"`,
+		"cluster.advertise_addr", "cluster.detection_timeout"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate = %v; want it to mention %s", err, want)
+		}
+	}
+	c = Default()
+	c.Cluster.Join = []string{"127.0.0.1:7946"}
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "cluster.join needs cluster.addr") {
+		t.Fatalf("join without addr: %v", err)
+	}
+}

@@ -27,12 +27,6 @@ type Store interface {
 	Append(ctx context.Context, mailbox store.ID, msgs []store.NewMessage, opts store.AppendOptions) ([]store.Message, error)
 }
 
-// Notifier is told about every message appended, so that sessions waiting
-// on a mailbox (IMAP IDLE) learn of it. It must not block.
-type Notifier interface {
-	Appended(user string, mailbox store.ID, msgs []store.Message)
-}
-
 // Options configure an Agent.
 type Options struct {
 	// Domains are the local domains; mail for any other domain is relay.
@@ -56,7 +50,6 @@ type Options struct {
 	// Budget, if not nil, bounds the octets of bodies in flight: each
 	// body is charged as it is read and released when Deliver returns.
 	Budget     *Budget
-	Notifier   Notifier
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 }
@@ -314,12 +307,9 @@ func (a *Agent) appendInbox(ctx context.Context, user string, nm store.NewMessag
 		if err != nil {
 			return err
 		}
-		msgs, err := a.st.Append(ctx, inbox, []store.NewMessage{nm}, store.AppendOptions{CheckQuota: true})
+		_, err = a.st.Append(ctx, inbox, []store.NewMessage{nm}, store.AppendOptions{CheckQuota: true})
 		switch {
 		case err == nil:
-			if a.opts.Notifier != nil {
-				a.opts.Notifier.Appended(user, inbox, msgs)
-			}
 			return nil
 		case errors.Is(err, store.ErrOverQuota):
 			return ErrMailboxFull

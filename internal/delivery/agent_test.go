@@ -14,14 +14,16 @@ import (
 	"quill/internal/mime"
 	"quill/internal/store"
 	"quill/internal/store/embedded"
+	"quill/internal/usermgr"
 )
 
-func setup(t *testing.T) (*Agent, *embedded.Engine) {
+func setup(t *testing.T) (*Agent, *usermgr.Manager) {
 	t.Helper()
-	e, err := embedded.Open(t.TempDir(), embedded.Options{})
+	engine, err := embedded.Open(t.TempDir(), embedded.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	e := usermgr.New(engine, usermgr.Options{})
 	t.Cleanup(func() {
 		if problems, _ := e.Check(context.Background()); len(problems) > 0 {
 			t.Errorf("store inconsistent: %v", problems)
@@ -103,7 +105,7 @@ func TestCheckSender(t *testing.T) {
 	}
 }
 
-func readInbox(t *testing.T, e *embedded.Engine, user string) []string {
+func readInbox(t *testing.T, e store.Engine, user string) []string {
 	t.Helper()
 	ctx := context.Background()
 	m, err := e.GetMailbox(ctx, user, "INBOX")

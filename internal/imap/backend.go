@@ -66,8 +66,8 @@ type View interface {
 	ChangesSince(ctx context.Context, modseq uint64) (vanished []mailbox.UIDRange, changed []uint32, err error)
 	Expunge(ctx context.Context, uids []uint32) error
 	Copy(ctx context.Context, uids []uint32, dest string) (mailbox.CopyResult, error)
-	// Move copies without the quota check; the caller expunges the
-	// originals.
+	// Move moves the messages atomically (RFC 6851), without the quota
+	// check; the view learns of the expunges from its next Poll.
 	Move(ctx context.Context, uids []uint32, dest string) (mailbox.CopyResult, error)
 	// KeepsMeta reports whether KeepMeta stores anything; KeepMeta records
 	// summaries computed for messages stored without one, by UID.

@@ -20,9 +20,9 @@ func (s *session) cmdCopy(ctx context.Context, d *decoder, c *command) (string, 
 	return copyUID(res) + " " + c.name + " completed", nil
 }
 
-// cmdMove: RFC 6851. The copy is made first, then the originals are
-// expunged; the EXPUNGE responses come from the dispatcher's poll. A crash
-// between the two leaves both copies, never none.
+// cmdMove: RFC 6851. The view moves the messages atomically (the user
+// manager's one batch); the EXPUNGE responses, which must follow the
+// COPYUID, come from the dispatcher's poll.
 func (s *session) cmdMove(ctx context.Context, d *decoder, c *command) (string, error) {
 	res, err := s.copy(ctx, d, c)
 	if err != nil && !(errors.Is(err, mailbox.ErrExpunged) && len(res.Dest) > 0) {
@@ -30,9 +30,6 @@ func (s *session) cmdMove(ctx context.Context, d *decoder, c *command) (string, 
 	}
 	if len(res.Dest) > 0 {
 		s.enc.raw("* OK ").raw(copyUID(res)).raw(" moved").crlf()
-		if err := s.view.Expunge(ctx, res.Source); err != nil {
-			return "", err
-		}
 	}
 	return c.name + " completed", nil
 }

@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,6 +28,7 @@ import (
 	"quill/internal/mailbox"
 	"quill/internal/store"
 	"quill/internal/store/embedded"
+	"quill/internal/usermgr"
 )
 
 // testCert is a self-signed certificate for "localhost", made once.
@@ -98,13 +100,28 @@ type fakeRemoteConn struct {
 
 func (c fakeRemoteConn) RemoteAddr() net.Addr { return c.remote }
 
-// testBackend is the real mailbox service over the real embedded engine,
-// with plain-text test passwords instead of the KDF.
+// testBackend is the real mailbox service over the real user manager and
+// embedded engine, with plain-text test passwords instead of the KDF.
 type testBackend struct {
-	st        *embedded.Engine
+	st        *usermgr.Manager
 	hub       *mailbox.Hub
+	events    *mutableNotifier
 	mbx       *mailbox.Mailboxes
 	passwords map[string]string
+}
+
+// mutableNotifier passes the manager's change events to the hub, except
+// while muted: writes made then look like another node's, whose events
+// this node's hub never hears (only polling finds them).
+type mutableNotifier struct {
+	hub   *mailbox.Hub
+	muted atomic.Bool
+}
+
+func (n *mutableNotifier) Notify(id store.ID) {
+	if !n.muted.Load() {
+		n.hub.Notify(id)
+	}
 }
 
 func (b *testBackend) Authenticate(ctx context.Context, username, password string, remote netip.Addr) (string, error) {
@@ -140,13 +157,15 @@ func newTestBackend(t testing.TB) *testBackend {
 
 func newTestBackendWith(t testing.TB, opts embedded.Options) *testBackend {
 	t.Helper()
-	st, err := embedded.Open(t.TempDir(), opts)
+	e, err := embedded.Open(t.TempDir(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { st.Close() })
+	t.Cleanup(func() { e.Close() })
 	hub := mailbox.NewHub()
-	b := &testBackend{st: st, hub: hub, mbx: mailbox.NewMailboxes(st, hub),
+	events := &mutableNotifier{hub: hub}
+	st := usermgr.New(e, usermgr.Options{Notifier: events})
+	b := &testBackend{st: st, hub: hub, events: events, mbx: mailbox.NewMailboxes(st, hub),
 		passwords: map[string]string{"alice": "secret", "bob": "hunter2"}}
 	ctx := context.Background()
 	for user := range b.passwords {
@@ -165,17 +184,23 @@ func newTestBackendWith(t testing.TB, opts embedded.Options) *testBackend {
 	return b
 }
 
-// deliver appends body to user's INBOX as SMTP delivery does, and
+// deliver appends body to user's INBOX as SMTP delivery does; the manager
 // notifies the hub.
 func (b *testBackend) deliver(t testing.TB, user, body string) {
 	t.Helper()
-	inbox, msgs := b.deliverElsewhere(t, user, body)
-	b.hub.Appended(user, inbox, msgs)
+	b.appendInbox(t, user, body)
 }
 
 // deliverElsewhere appends body to user's INBOX without telling the hub,
-// as a delivery through another node sharing the store would.
+// as a delivery through another node would.
 func (b *testBackend) deliverElsewhere(t testing.TB, user, body string) (store.ID, []store.Message) {
+	t.Helper()
+	b.events.muted.Store(true)
+	defer b.events.muted.Store(false)
+	return b.appendInbox(t, user, body)
+}
+
+func (b *testBackend) appendInbox(t testing.TB, user, body string) (store.ID, []store.Message) {
 	t.Helper()
 	ctx := context.Background()
 	inbox, err := b.st.GetMailbox(ctx, user, "INBOX")
@@ -197,8 +222,10 @@ func (b *testBackend) deliverElsewhere(t testing.TB, user, body string) (store.I
 // as POP3 retrieval through another node does, without telling the hub.
 func (b *testBackend) churn(t testing.TB, user string, n int) {
 	t.Helper()
+	b.events.muted.Store(true)
+	defer b.events.muted.Store(false)
 	for range n {
-		inbox, msgs := b.deliverElsewhere(t, user, "Subject: churn\r\n\r\nbody\r\n")
+		inbox, msgs := b.appendInbox(t, user, "Subject: churn\r\n\r\nbody\r\n")
 		if _, _, err := b.st.Expunge(context.Background(), inbox, []uint32{msgs[0].UID}); err != nil {
 			t.Fatal(err)
 		}

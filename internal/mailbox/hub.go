@@ -14,8 +14,9 @@ import (
 // mailbox has grown"; the woken view reads the log itself (View.Poll).
 // Notifications coalesce: a subscriber that has not yet consumed one gets
 // no second. That makes Notify non-blocking and lossless for the only
-// question subscribers ask. With a cluster, notifications from a user's
-// manager node arrive here through the same Notify.
+// question subscribers ask. The user manager (internal/usermgr) calls
+// Notify after every durable write; with a cluster, notifications from a
+// user's manager node will arrive here through the same Notify.
 //
 // It is safe for concurrent use. The zero value is not usable; NewHub.
 type Hub struct {
@@ -72,9 +73,6 @@ func (h *Hub) Notify(mailbox store.ID) {
 		}
 	}
 }
-
-// Appended implements delivery.Notifier.
-func (h *Hub) Appended(user string, mailbox store.ID, msgs []store.Message) { h.Notify(mailbox) }
 
 // claimRecent claims for the caller every UID below uidNext that no
 // session has claimed yet and returns the first UID claimed (the caller's

@@ -68,6 +68,9 @@ type IMAPStore interface {
 	GetMessage(ctx context.Context, mailbox store.ID, uid uint32) (store.Message, error)
 	SetFlags(ctx context.Context, mailbox store.ID, change store.FlagChange) (store.FlagResult, error)
 	Expunge(ctx context.Context, mailbox store.ID, uids []uint32) ([]uint32, uint64, error)
+	// Move moves messages between two mailboxes of one user, atomically
+	// where the user manager can (usermgr.Manager.Move).
+	Move(ctx context.Context, from store.ID, uids []uint32, to store.ID) (src, dst []uint32, err error)
 	Changes(ctx context.Context, mailbox store.ID, since uint64, limit int) ([]store.Change, error)
 	GetUser(ctx context.Context, address string) (store.User, error)
 	Usage(ctx context.Context, user string) (store.Usage, error)
@@ -87,9 +90,9 @@ type Mailboxes struct {
 	hub *Hub
 }
 
-// NewMailboxes returns the IMAP mailbox service over st; changes made
-// through it are announced on hub, and views selected through it listen
-// there.
+// NewMailboxes returns the IMAP mailbox service over st, whose writes the
+// user manager (internal/usermgr) orders and announces on hub; views
+// selected through it listen there.
 func NewMailboxes(st IMAPStore, hub *Hub) *Mailboxes {
 	return &Mailboxes{st: st, hub: hub}
 }
@@ -241,21 +244,14 @@ func (u *User) Delete(ctx context.Context, name string) error {
 	if name == "INBOX" {
 		return fmt.Errorf("%w: INBOX cannot be deleted", ErrBadName)
 	}
-	mb, err := u.m.st.GetMailbox(ctx, u.user, name)
-	if err != nil {
-		return classify(err, name)
-	}
-	if err := u.m.st.DeleteMailbox(ctx, u.user, name); err != nil {
-		return classify(err, name)
-	}
-	u.m.hub.Notify(mb.ID)
-	return nil
+	return classify(u.m.st.DeleteMailbox(ctx, u.user, name), name)
 }
 
 // Rename renames a mailbox and its inferiors (RFC 3501 section 6.3.5).
 // Renaming INBOX moves all its messages to a new mailbox and leaves INBOX
-// empty; that move is not atomic: a failure part-way leaves the messages
-// moved so far in the new mailbox and the rest in INBOX, none lost.
+// empty, pageSize messages at a time, each page atomically: a failure
+// part-way leaves the pages moved so far in the new mailbox and the rest
+// in INBOX, each message in exactly one of them.
 func (u *User) Rename(ctx context.Context, from, to string) error {
 	from, to = CanonicalName(from), CanonicalName(to)
 	if to == "INBOX" {
@@ -286,13 +282,9 @@ func (u *User) Rename(ctx context.Context, from, to string) error {
 		if len(page) == 0 {
 			return nil
 		}
-		if _, err := u.m.st.Append(ctx, dest.ID, newMessages(page), store.AppendOptions{}); err != nil {
+		if _, _, err := u.m.st.Move(ctx, inbox.ID, uidsOf(page), dest.ID); err != nil {
 			return classify(err, to)
 		}
-		if _, _, err := u.m.st.Expunge(ctx, inbox.ID, uidsOf(page)); err != nil {
-			return classify(err, "INBOX")
-		}
-		u.m.hub.Notify(inbox.ID)
 	}
 }
 
@@ -413,7 +405,6 @@ func (u *User) Append(ctx context.Context, name string, msgs []NewMessage) (Appe
 	if err != nil {
 		return AppendResult{}, classify(err, name)
 	}
-	u.m.hub.Notify(mb.ID)
 	return AppendResult{UIDValidity: mb.UIDValidity, UIDs: uidsOf(stored)}, nil
 }
 

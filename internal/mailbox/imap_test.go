@@ -38,7 +38,8 @@ func TestPutBodyInline(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	st := openStore(t, embedded.Options{Registerer: reg})
 	ctx := context.Background()
-	u := NewMailboxes(st, NewHub()).User("u")
+	m, _ := newMailboxes(st)
+	u := m.User("u")
 	inbox, err := st.GetMailbox(ctx, "u", "INBOX")
 	if err != nil {
 		t.Fatal(err)

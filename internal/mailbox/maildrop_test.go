@@ -10,15 +10,17 @@ import (
 
 	"quill/internal/store"
 	"quill/internal/store/embedded"
+	"quill/internal/usermgr"
 )
 
-func setup(t *testing.T, n int) (*Service, *embedded.Engine) {
+func setup(t *testing.T, n int) (*Service, *usermgr.Manager) {
 	t.Helper()
-	e, err := embedded.Open(t.TempDir(), embedded.Options{})
+	engine, err := embedded.Open(t.TempDir(), embedded.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { e.Close() })
+	t.Cleanup(func() { engine.Close() })
+	e := usermgr.New(engine, usermgr.Options{})
 	ctx := context.Background()
 	if err := e.CreateUser(ctx, store.User{Address: "u@example.test"}); err != nil {
 		t.Fatal(err)

@@ -458,9 +458,6 @@ func (v *View) SetFlagsIf(ctx context.Context, uids []uint32, op FlagOp, flags [
 		changed = append(changed, Message{Seq: seq, UID: m.UID, ModSeq: m.ModSeq, Flags: m.Flags,
 			InternalDate: m.InternalDate, Size: m.Size, Meta: m.Meta, blob: m.Blob})
 	}
-	if len(res.Changed) > 0 {
-		v.u.m.hub.Notify(v.id)
-	}
 	return changed, res.Failed, nil
 }
 
@@ -488,14 +485,8 @@ func (v *View) Expunge(ctx context.Context, uids []uint32) error {
 	if len(uids) == 0 {
 		return nil
 	}
-	removed, _, err := v.u.m.st.Expunge(ctx, v.id, uids)
-	if err != nil {
-		return classify(err, "expunge")
-	}
-	if len(removed) > 0 {
-		v.u.m.hub.Notify(v.id)
-	}
-	return nil
+	_, _, err := v.u.m.st.Expunge(ctx, v.id, uids)
+	return classify(err, "expunge")
 }
 
 // CopyResult reports a COPY or MOVE (RFC 4315 COPYUID): source UIDs and
@@ -511,18 +502,43 @@ type CopyResult struct {
 // pageSize messages is atomic; a failure part-way leaves the earlier
 // batches copied.
 func (v *View) Copy(ctx context.Context, uids []uint32, dest string) (CopyResult, error) {
-	return v.copy(ctx, uids, dest, true)
+	return v.copy(ctx, uids, dest)
 }
 
-// Move copies like Copy but without the quota check: the caller expunges
-// the originals next (RFC 6851), so the user's usage does not grow once
-// the move is done. Until then it may exceed the quota by the moved
-// messages.
+// Move moves the messages uids (ascending) to the mailbox dest (RFC 6851),
+// pageSize at a time, each page atomically: a message is in exactly one
+// of the two mailboxes at every moment. The user's usage does not grow,
+// so there is no quota check. The view learns of the expunges from its
+// next Poll, like any other. A message expunged meanwhile is skipped and
+// reported as ErrExpunged with the others moved.
 func (v *View) Move(ctx context.Context, uids []uint32, dest string) (CopyResult, error) {
-	return v.copy(ctx, uids, dest, false)
+	if v.readOnly {
+		return CopyResult{}, ErrReadOnly
+	}
+	dest = CanonicalName(dest)
+	mb, err := v.u.m.st.GetMailbox(ctx, v.u.user, dest)
+	if err != nil {
+		return CopyResult{}, classify(err, dest)
+	}
+	res := CopyResult{UIDValidity: mb.UIDValidity}
+	live := v.live(uids)
+	for rest := live; len(rest) > 0; {
+		page := rest[:min(len(rest), pageSize)]
+		rest = rest[len(page):]
+		src, dst, err := v.u.m.st.Move(ctx, v.id, page, mb.ID)
+		if err != nil {
+			return res, classify(err, dest)
+		}
+		res.Source = append(res.Source, src...)
+		res.Dest = append(res.Dest, dst...)
+	}
+	if len(res.Source) < len(uids) {
+		return res, ErrExpunged
+	}
+	return res, nil
 }
 
-func (v *View) copy(ctx context.Context, uids []uint32, dest string, checkQuota bool) (CopyResult, error) {
+func (v *View) copy(ctx context.Context, uids []uint32, dest string) (CopyResult, error) {
 	dest = CanonicalName(dest)
 	mb, err := v.u.m.st.GetMailbox(ctx, v.u.user, dest)
 	if err != nil {
@@ -534,7 +550,7 @@ func (v *View) copy(ctx context.Context, uids []uint32, dest string, checkQuota 
 		if len(batch) == 0 {
 			return nil
 		}
-		stored, err := v.u.m.st.Append(ctx, mb.ID, newMessages(batch), store.AppendOptions{CheckQuota: checkQuota})
+		stored, err := v.u.m.st.Append(ctx, mb.ID, newMessages(batch), store.AppendOptions{CheckQuota: true})
 		if err != nil {
 			return classify(err, dest)
 		}
@@ -555,9 +571,6 @@ func (v *View) copy(ctx context.Context, uids []uint32, dest string, checkQuota 
 	}
 	if ferr := flush(); ferr != nil {
 		return res, ferr
-	}
-	if len(res.Dest) > 0 {
-		v.u.m.hub.Notify(mb.ID)
 	}
 	return res, err
 }

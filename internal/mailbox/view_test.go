@@ -9,6 +9,7 @@ import (
 
 	"quill/internal/store"
 	"quill/internal/store/embedded"
+	"quill/internal/usermgr"
 )
 
 // openStore opens an embedded engine on a temporary directory, closed
@@ -26,15 +27,22 @@ func openStore(t *testing.T, opts embedded.Options) *embedded.Engine {
 	return st
 }
 
-func imapSetup(t *testing.T, n int) (*Mailboxes, *embedded.Engine, *Hub) {
-	t.Helper()
-	st := openStore(t, embedded.Options{})
+// newMailboxes returns the mailbox service over st through a user manager
+// that announces its writes on the service's hub, as the server builds
+// it, and the manager, through which a test's own writes must go.
+func newMailboxes(st *embedded.Engine) (*Mailboxes, *usermgr.Manager) {
 	hub := NewHub()
-	m := NewMailboxes(st, hub)
+	mgr := usermgr.New(st, usermgr.Options{Notifier: hub})
+	return NewMailboxes(mgr, hub), mgr
+}
+
+func imapSetup(t *testing.T, n int) (*Mailboxes, *usermgr.Manager, *Hub) {
+	t.Helper()
+	m, mgr := newMailboxes(openStore(t, embedded.Options{}))
 	for range n {
 		appendMsg(t, m, "INBOX")
 	}
-	return m, st, hub
+	return m, mgr, m.hub
 }
 
 func appendMsg(t *testing.T, m *Mailboxes, mbox string) uint32 {
@@ -140,8 +148,7 @@ func TestRenameInbox(t *testing.T) {
 // reports the same EXPUNGE, EXISTS and FETCH FLAGS as from the log, and
 // ChangesSince from before the floor reports every missing UID, as ranges.
 func TestViewPastForgottenExpunges(t *testing.T) {
-	st := openStore(t, embedded.Options{ExpungeWindow: 2})
-	m := NewMailboxes(st, NewHub())
+	m, st := newMailboxes(openStore(t, embedded.Options{ExpungeWindow: 2}))
 	ctx := context.Background()
 	for range 6 {
 		appendMsg(t, m, "INBOX")

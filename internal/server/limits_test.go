@@ -247,12 +247,14 @@ func TestStalledTLSHandshakeIsClosed(t *testing.T) {
 	cfg.Listeners.Submissions = "127.0.0.1:0"
 	cfg.Limits.TLSHandshakeTimeout = config.Duration{Duration: 300 * time.Millisecond}
 	s := startServer(t, cfg)
+	// Timed from before the dial: the server may accept, and start its
+	// timer, before Dial returns here.
+	start := time.Now()
 	c, err := net.Dial("tcp", s.Listeners()["submissions"])
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	start := time.Now()
 	readUntilClosed(t, c, 20*time.Second)
 	if d := time.Since(start); d < 300*time.Millisecond {
 		t.Fatalf("closed after %v, before the handshake timeout", d)

@@ -29,6 +29,8 @@ import (
 
 	"quill/internal/admin"
 	"quill/internal/auth"
+	"quill/internal/cluster"
+	"quill/internal/cluster/events"
 	"quill/internal/config"
 	"quill/internal/delivery"
 	"quill/internal/mailbox"
@@ -36,6 +38,7 @@ import (
 	"quill/internal/smtp"
 	"quill/internal/store"
 	"quill/internal/textconn"
+	"quill/internal/usermgr"
 )
 
 // Run-time files in the data directory.
@@ -64,9 +67,12 @@ type Server struct {
 	cfg config.Config
 	log *slog.Logger
 
-	store store.Store
-	reg   *prometheus.Registry
-	ready atomic.Bool
+	// store is the user manager over engine: every write goes through it.
+	store   *usermgr.Manager
+	engine  store.Engine
+	cluster *cluster.Node // nil with the cluster off
+	reg     *prometheus.Registry
+	ready   atomic.Bool
 
 	listeners map[string]net.Listener
 	servers   map[string]protocolServer
@@ -103,9 +109,25 @@ func (s *Server) Start() (err error) {
 	s.reg = prometheus.NewRegistry()
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	if s.store, err = s.openStore(); err != nil {
+	if s.engine, err = s.openStore(); err != nil {
 		return err
 	}
+	// One connection limiter for every listener; its count of sessions is
+	// also the node's load in the cluster.
+	limiter := textconn.NewLimiter(cfg.Limits.MaxConnectionsPerIP, cfg.Limits.MaxConnections)
+	// The change hub wakes IMAP sessions (IDLE) when a mailbox changes; the
+	// user manager, this node's one writer of every user's mailboxes,
+	// announces each durable write there, and with the cluster on also to
+	// the other nodes, whose events reach the hub too.
+	hub := mailbox.NewHub()
+	var notifier usermgr.Notifier = hub
+	if config.Enabled(cfg.Cluster.Addr) {
+		if err := s.startCluster(limiter.Active, hub); err != nil {
+			return err
+		}
+		notifier = s.cluster.Events()
+	}
+	s.store = usermgr.New(s.engine, usermgr.Options{Notifier: notifier})
 	tlsConfig, err := loadTLS(cfg.TLS.CertFile, cfg.TLS.KeyFile, filepath.Join(cfg.DataDir, TLSDir), cfg.Hostname)
 	if err != nil {
 		return err
@@ -124,20 +146,17 @@ func (s *Server) Start() (err error) {
 		Logger:          s.log.With("component", "auth"),
 		Registry:        s.reg,
 	})
-	// The change hub wakes IMAP sessions (IDLE) when mail is delivered.
-	hub := mailbox.NewHub()
 	// With no IMAP listener nothing reads a message's summary until one is
 	// enabled, and IMAP then computes and keeps the summaries of the
 	// messages delivered meanwhile (docs/adr/0011); with one, delivery
 	// computes them (ADR 0007).
-	_, lazy := s.store.(store.MetaSetter)
+	_, lazy := s.engine.(store.MetaSetter)
 	lazy = lazy && !config.Enabled(cfg.Listeners.IMAP) && !config.Enabled(cfg.Listeners.IMAPS)
 	// One budget for every body in flight, SMTP, LMTP and IMAP APPEND.
 	budget := delivery.NewBudget(cfg.Limits.BodyMemoryBudget, bodyBudgetWait)
 	agent := delivery.NewAgent(s.store, delivery.Options{
 		Budget:              budget,
 		LazySummaries:       lazy,
-		Notifier:            hub,
 		Domains:             cfg.Domains,
 		Hostname:            cfg.Hostname,
 		SubaddressSeparator: cfg.Delivery.SubaddressSeparator,
@@ -150,7 +169,6 @@ func (s *Server) Start() (err error) {
 			s.log.Warn("no postmaster: RFC 5321 4.5.1 requires one; add a user or an alias", "address", "postmaster@"+d)
 		}
 	}
-	limiter := textconn.NewLimiter(cfg.Limits.MaxConnectionsPerIP, cfg.Limits.MaxConnections)
 
 	newSMTP := func(name string, mode smtp.Mode, implicit bool) *smtp.Server {
 		return &smtp.Server{
@@ -239,6 +257,29 @@ func (s *Server) Start() (err error) {
 	return nil
 }
 
+// startCluster starts this node's part of the cluster (credentials from
+// the store, transport, membership: internal/cluster), before any listener
+// serves, so that a ready node has joined.
+func (s *Server) startCluster(sessions func() int, local events.Local) error {
+	secrets, ok := s.engine.(store.Secrets)
+	if !ok {
+		return fmt.Errorf("cluster: store engine %T keeps no secrets", s.engine)
+	}
+	c := s.cfg.Cluster
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	node, err := cluster.Start(ctx, cluster.Options{
+		DataDir: s.cfg.DataDir, Addr: c.Addr, Advertise: c.AdvertiseAddr, Join: c.Join,
+		DetectionTimeout: c.DetectionTimeout.Duration, Secrets: secrets, Sessions: sessions, Local: local,
+		Logger: s.log.With("component", "cluster"), Registerer: s.reg,
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: %w", err)
+	}
+	s.cluster = node
+	return nil
+}
+
 func (s *Server) startAdmin(authn *auth.Authenticator) error {
 	token, err := adminToken(filepath.Join(s.cfg.DataDir, AdminTokenFile))
 	if err != nil {
@@ -254,7 +295,8 @@ func (s *Server) startAdmin(authn *auth.Authenticator) error {
 			Directory: &auth.Directory{Store: s.store},
 			Gatherer:  s.reg,
 			Ready:     s.ready.Load,
-			Store:     storeHealth(s.store),
+			Store:     storeHealth(s.engine),
+			Cluster:   clusterAdmin(s.cluster),
 			Token:     token,
 			Logger:    s.log.With("component", "admin"),
 		}),
@@ -323,6 +365,9 @@ func (s *Server) Listeners() map[string]string {
 	for name, ln := range s.listeners {
 		out[name] = ln.Addr().String()
 	}
+	if s.cluster != nil {
+		out["cluster"] = s.cluster.Addr()
+	}
 	return out
 }
 
@@ -362,6 +407,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.wg.Wait()
 	err := errors.Join(errs...)
+	if s.cluster != nil {
+		// Leaves the cluster (the others list this node dead at once),
+		// then stops membership and the transport.
+		err = errors.Join(err, s.cluster.Shutdown(ctx))
+	}
 	if s.store != nil {
 		err = errors.Join(err, s.store.Close())
 	}
@@ -382,12 +432,15 @@ func (s *Server) closeAll() {
 		os.Remove(filepath.Join(s.cfg.DataDir, AdminAddrFile))
 	}
 	s.wg.Wait()
+	if s.cluster != nil {
+		s.cluster.Shutdown(context.Background())
+	}
 	if s.store != nil {
 		s.store.Close()
 	}
 }
 
 // openStore opens the configured engine (see OpenStore).
-func (s *Server) openStore() (store.Store, error) {
+func (s *Server) openStore() (store.Engine, error) {
 	return OpenStore(s.cfg, s.log.With("component", "store"), s.reg)
 }

@@ -17,7 +17,7 @@ import (
 
 // storeHealth returns the health function of an engine that reports it
 // (the embedded one), for the admin endpoint's /healthz and /readyz.
-func storeHealth(st store.Store) func() store.Health {
+func storeHealth(st store.Engine) func() store.Health {
 	if h, ok := st.(store.HealthReporter); ok {
 		return h.Health
 	}
@@ -31,7 +31,7 @@ func storeHealth(st store.Store) func() store.Health {
 // number of processes at once (it creates the keyspace and applies the
 // schema migrations when needed). reg may be nil. It returns a nil
 // interface (never a typed nil) on error.
-func OpenStore(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (store.Store, error) {
+func OpenStore(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (store.Engine, error) {
 	if cfg.Store.Engine != "cassandra" {
 		reserve := cfg.Store.ReserveBytes
 		if reserve == 0 {

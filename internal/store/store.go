@@ -1,16 +1,20 @@
-// Package store defines the storage contract the rest of Quill uses: users
-// and aliases, mailboxes with their IMAP counters, messages, shared body
-// blobs, a per-mailbox change log and quota usage. Engines live beneath it
-// (embedded/, later cassandra/) and all pass the conformance suite in
-// storetest.
+// Package store defines the storage contracts: Engine, what a storage
+// engine provides (users and aliases, mailboxes with their IMAP counters,
+// messages, shared body blobs, a per-mailbox change log, quota usage),
+// Batch and BatchWriter, the already-ordered writes a user manager hands
+// an engine (ADR 0023), and Store, an Engine with ordered mailbox writes,
+// which the layers above use (internal/usermgr implements it). Engines live
+// beneath it (embedded/, cassandra/) and all pass the conformance suite in
+// storetest, through the user manager.
 //
-// Invariants every engine upholds, whatever the number of processes using
+// Invariants every Store upholds, whatever the number of processes using
 // it at once (an engine may not rely on one process holding locks):
 //
 //   - Within a mailbox, UIDs and MODSEQs are strictly increasing in the order
 //     in which any reader can observe them, and a UID is never reused under
 //     one UIDVALIDITY.
-//   - A successful Append, SetFlags or Expunge is durable when it returns.
+//   - A successful Append, SetFlags or Expunge is durable when it returns,
+//     and so is a batch whose BatchWriter wait returned nil.
 //   - A blob is deleted only after the last message referencing it is gone.
 //   - A mailbox's change log holds every change above its ExpungeFloor:
 //     each present message's latest change, and each expunge.
@@ -251,8 +255,14 @@ type MailboxOptions struct {
 	Subscribed bool
 }
 
-// Store is the storage contract. Every method is safe for concurrent use.
-type Store interface {
+// Engine is the contract of a storage engine under the user manager
+// (internal/usermgr, ADR 0023): the directory (users, aliases), mailboxes'
+// records and names, blobs, reads of messages and change logs, quota
+// usage, the POP3 maildrop lease and a consistency check. Mailbox writes
+// that assign UIDs and MODSEQs are not here: the manager builds them and
+// an engine applies them as batches (BatchWriter), or, until it does,
+// orders them itself (Store). Every method is safe for concurrent use.
+type Engine interface {
 	// CreateUser creates u with an INBOX; ErrExists if the address is taken
 	// by a user or an alias.
 	CreateUser(ctx context.Context, u User) error
@@ -297,17 +307,9 @@ type Store interface {
 	// OpenBlob returns a reader over a blob.
 	OpenBlob(ctx context.Context, id ID) (BlobReader, error)
 
-	// Append appends messages to a mailbox in order, assigning consecutive
-	// UIDs and one new ModSeq, and returns them as stored. Each appended
-	// message holds a reference to its blob.
-	Append(ctx context.Context, mailbox ID, msgs []NewMessage, opts AppendOptions) ([]Message, error)
 	// ListMessages returns up to limit messages with UID >= from, ascending.
 	ListMessages(ctx context.Context, mailbox ID, from uint32, limit int) ([]Message, error)
 	GetMessage(ctx context.Context, mailbox ID, uid uint32) (Message, error)
-	SetFlags(ctx context.Context, mailbox ID, change FlagChange) (FlagResult, error)
-	// Expunge removes the given UIDs (missing ones are ignored) and returns
-	// the UIDs removed, ascending, and the ModSeq of the expunge.
-	Expunge(ctx context.Context, mailbox ID, uids []uint32) ([]uint32, uint64, error)
 	// Changes returns change log entries with ModSeq > since, ascending
 	// by (ModSeq, UID): up to limit of them, and more only to finish the
 	// last MODSEQ it reaches, so that a caller paging by that entry's
@@ -327,6 +329,24 @@ type Store interface {
 	// contents, every reference resolves) and returns the problems found.
 	Check(ctx context.Context) ([]string, error)
 	Close() error
+}
+
+// Store is what the layers above the user manager use: an Engine plus the
+// mailbox writes, ordered, with their UIDs and MODSEQs assigned. The user
+// manager implements it over any engine; the Cassandra engine implements
+// it on its own too (its writes order themselves with conditional
+// updates), which the manager uses until that engine applies batches.
+type Store interface {
+	Engine
+
+	// Append appends messages to a mailbox in order, assigning consecutive
+	// UIDs and one new ModSeq, and returns them as stored. Each appended
+	// message holds a reference to its blob.
+	Append(ctx context.Context, mailbox ID, msgs []NewMessage, opts AppendOptions) ([]Message, error)
+	SetFlags(ctx context.Context, mailbox ID, change FlagChange) (FlagResult, error)
+	// Expunge removes the given UIDs (missing ones are ignored) and returns
+	// the UIDs removed, ascending, and the ModSeq of the expunge.
+	Expunge(ctx context.Context, mailbox ID, uids []uint32) ([]uint32, uint64, error)
 }
 
 // MaildropLocker grants the exclusive hold a POP3 session has on a user's

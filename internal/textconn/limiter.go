@@ -55,6 +55,17 @@ func (l *Limiter) Acquire(ip netip.Addr) (release func(), ok bool) {
 	return func() { once.Do(func() { l.release(key) }) }, true
 }
 
+// Active returns the number of connections admitted and not yet released
+// (0 for a nil Limiter).
+func (l *Limiter) Active() int {
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.mu.n
+}
+
 func (l *Limiter) releaseTotal() {
 	l.mu.Lock()
 	l.mu.n--

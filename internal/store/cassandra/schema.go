@@ -102,6 +102,12 @@ var migrations = [][]string{
 		`CREATE TABLE IF NOT EXISTS maildrop_leases (
 			address text PRIMARY KEY, owner blob)`,
 	},
+	4: {
+		// secrets holds store.Secrets (secrets.go): each row is written
+		// once, by an LWT, and never changed.
+		`CREATE TABLE IF NOT EXISTS secrets (
+			name text PRIMARY KEY, value blob, created timestamp)`,
+	},
 }
 
 func createKeyspace(ctx context.Context, s *gocql.Session, keyspace string, repl map[string]string) error {

@@ -33,7 +33,7 @@ func deliverN(t *testing.T, e *Engine, user string, n, size int) (store.ID, map[
 	bodies := map[uint32]string{}
 	for i := range n {
 		body := fmt.Sprintf("message %d\r\n%s\r\n", i, strings.Repeat(string(rune('a'+i%26)), size))
-		msgs, err := e.Append(ctx, m.ID, []store.NewMessage{{Body: []byte(body), Size: int64(len(body))}}, store.AppendOptions{})
+		msgs, err := writer(e).Append(ctx, m.ID, []store.NewMessage{{Body: []byte(body), Size: int64(len(body))}}, store.AppendOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -52,7 +52,7 @@ func expungeUnless(t *testing.T, e *Engine, box store.ID, bodies map[uint32]stri
 			gone = append(gone, uid)
 		}
 	}
-	if _, _, err := e.Expunge(context.Background(), box, gone); err != nil {
+	if _, _, err := writer(e).Expunge(context.Background(), box, gone); err != nil {
 		t.Fatal(err)
 	}
 	for _, uid := range gone {
@@ -213,7 +213,7 @@ func TestLogReuse(t *testing.T) {
 	}
 	appendOne := func(i int) {
 		body := fmt.Sprintf("after the cleaning %d\r\n%s\r\n", i, strings.Repeat("z", 4000))
-		msgs, err := e.Append(ctx, box, []store.NewMessage{{Body: []byte(body), Size: int64(len(body))}}, store.AppendOptions{})
+		msgs, err := writer(e).Append(ctx, box, []store.NewMessage{{Body: []byte(body), Size: int64(len(body))}}, store.AppendOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -375,7 +375,7 @@ func TestLogTornTail(t *testing.T) {
 // new one.
 func crashAfterAppend(t *testing.T, e *Engine, fs *vfs.MemFS, box store.ID, bodies map[uint32]string, body string) {
 	t.Helper()
-	msgs, err := e.Append(context.Background(), box, []store.NewMessage{{Body: []byte(body), Size: int64(len(body))}}, store.AppendOptions{})
+	msgs, err := writer(e).Append(context.Background(), box, []store.NewMessage{{Body: []byte(body), Size: int64(len(body))}}, store.AppendOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -447,7 +447,7 @@ func TestUpgradeFromChunkStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	msgs, err := e.Append(ctx, box, []store.NewMessage{{Blob: id, Size: n}}, store.AppendOptions{})
+	msgs, err := writer(e).Append(ctx, box, []store.NewMessage{{Blob: id, Size: n}}, store.AppendOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -300,7 +300,7 @@ func (l *layer) note(k []byte, i int32) {
 	case tName, tAliasOf:
 		l.users[userOfPrefix(string(k))] = struct{}{}
 		return
-	case tUsage, tBlob, tLogPos, tVersion:
+	case tUsage, tBlob, tLogPos, tVersion, tSecret:
 		return // never iterated outside Check, which settles regardless
 	}
 	l.other = true

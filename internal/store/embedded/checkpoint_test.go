@@ -25,7 +25,7 @@ func TestConformanceOverlay(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				return e
+				return writer(e)
 			})
 		})
 	}
@@ -49,11 +49,11 @@ func TestCheckpointCancelsShortLived(t *testing.T) {
 	const n = 50
 	for i := range n {
 		body := []byte(fmt.Sprintf("message %d\r\n", i))
-		msgs, err := e.Append(ctx, inbox.ID, []store.NewMessage{{Body: body, Size: int64(len(body))}}, store.AppendOptions{})
+		msgs, err := writer(e).Append(ctx, inbox.ID, []store.NewMessage{{Body: body, Size: int64(len(body))}}, store.AppendOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := e.Expunge(ctx, inbox.ID, []uint32{msgs[0].UID}); err != nil {
+		if _, _, err := writer(e).Expunge(ctx, inbox.ID, []uint32{msgs[0].UID}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -95,10 +95,10 @@ func TestOverlayViews(t *testing.T) {
 		t.Fatal(err)
 	}
 	// In the overlay: two expunged, one flagged, three new.
-	if _, _, err := e.Expunge(ctx, inbox.ID, uids[1:3]); err != nil {
+	if _, _, err := writer(e).Expunge(ctx, inbox.ID, uids[1:3]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.SetFlags(ctx, inbox.ID, store.FlagChange{UIDs: uids[3:4], Op: store.FlagsAdd, Flags: []string{`\Seen`}}); err != nil {
+	if _, err := writer(e).SetFlags(ctx, inbox.ID, store.FlagChange{UIDs: uids[3:4], Op: store.FlagsAdd, Flags: []string{`\Seen`}}); err != nil {
 		t.Fatal(err)
 	}
 	appendBulk(t, e, inbox.ID, 3)

@@ -34,6 +34,8 @@ import (
 //	'p' blobID                        -> creation time: blob not yet referenced
 //	'q' user                          -> usage record
 //	'v' user                          -> last UIDVALIDITY handed out
+//	'S' name                          -> secret (store.Secrets), never
+//	                                     changed once written
 //	'V'                               -> schema version
 const (
 	tUser     = 'u'
@@ -50,6 +52,7 @@ const (
 	tPending  = 'p'
 	tUsage    = 'q'
 	tValidity = 'v'
+	tSecret   = 'S'
 	tVersion  = 'V'
 	// schemaLevel 2 stores bodies in the log; level 1 stored them only in
 	// chunks, which later levels still read. Level 3 keeps the log index

@@ -153,7 +153,7 @@ type Engine struct {
 	ckptSeconds   prometheus.Histogram
 }
 
-var _ store.Store = (*Engine)(nil)
+var _ store.Engine = (*Engine)(nil)
 
 // Open opens (creating if needed) the engine in dir.
 func Open(dir string, opts Options) (*Engine, error) {

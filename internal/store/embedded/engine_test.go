@@ -16,16 +16,31 @@ import (
 
 	"quill/internal/store"
 	"quill/internal/store/storetest"
+	"quill/internal/usermgr"
 )
 
+// The conformance suite, with the mailbox writes built by the user
+// manager and applied by the engine as batches (ADR 0023).
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) store.Store {
 		e, err := Open(t.TempDir(), Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return e
+		return writer(e)
 	})
+}
+
+// writers are the user managers the tests write mailboxes through, one per
+// engine: the engine applies batches, the manager builds them.
+var writers sync.Map // *Engine -> *usermgr.Manager
+
+func writer(e *Engine) *usermgr.Manager {
+	if w, ok := writers.Load(e); ok {
+		return w.(*usermgr.Manager)
+	}
+	w, _ := writers.LoadOrStore(e, usermgr.New(e, usermgr.Options{}))
+	return w.(*usermgr.Manager)
 }
 
 func open(t testing.TB, dir string) *Engine {
@@ -58,7 +73,7 @@ func appendOne(t testing.TB, e *Engine, mbox store.ID, body string) store.Messag
 	if err != nil {
 		t.Fatal(err)
 	}
-	msgs, err := e.Append(ctx, mbox, []store.NewMessage{{Blob: id, Size: n, InternalDate: time.Now()}}, store.AppendOptions{})
+	msgs, err := writer(e).Append(ctx, mbox, []store.NewMessage{{Blob: id, Size: n, InternalDate: time.Now()}}, store.AppendOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +252,7 @@ func BenchmarkAppend(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					if _, err := e.Append(ctx, id, []store.NewMessage{{Blob: blob, Size: size}}, store.AppendOptions{}); err != nil {
+					if _, err := writer(e).Append(ctx, id, []store.NewMessage{{Blob: blob, Size: size}}, store.AppendOptions{}); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -260,11 +275,11 @@ func BenchmarkDeliverExpunge(b *testing.B) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			msgs, err := e.Append(ctx, inbox.ID, []store.NewMessage{{Body: body, Size: int64(len(body))}}, store.AppendOptions{})
+			msgs, err := writer(e).Append(ctx, inbox.ID, []store.NewMessage{{Body: body, Size: int64(len(body))}}, store.AppendOptions{})
 			if err != nil {
 				b.Fatal(err)
 			}
-			if _, _, err := e.Expunge(ctx, inbox.ID, []uint32{msgs[0].UID}); err != nil {
+			if _, _, err := writer(e).Expunge(ctx, inbox.ID, []uint32{msgs[0].UID}); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -311,7 +326,7 @@ func BenchmarkListMessages(b *testing.B) {
 		batch[i] = store.NewMessage{Blob: blob, Size: size, Flags: []string{`\Seen`}}
 	}
 	for i := 0; i < 10; i++ {
-		if _, err := e.Append(ctx, inbox.ID, batch, store.AppendOptions{}); err != nil {
+		if _, err := writer(e).Append(ctx, inbox.ID, batch, store.AppendOptions{}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -340,7 +355,7 @@ func BenchmarkOpenBlob(b *testing.B) {
 		for i := range batch {
 			batch[i] = store.NewMessage{Body: body, Size: int64(len(body))}
 		}
-		msgs, err := e.Append(ctx, inbox.ID, batch, store.AppendOptions{})
+		msgs, err := writer(e).Append(ctx, inbox.ID, batch, store.AppendOptions{})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -433,7 +448,7 @@ func TestHotCacheHoldsCommittedRecords(t *testing.T) {
 			}
 			m := appendOne(t, e, mb.ID, fmt.Sprintf("message %d", i))
 			if i%3 == 0 {
-				if _, _, err := e.Expunge(ctx, mb.ID, []uint32{m.UID}); err != nil {
+				if _, _, err := writer(e).Expunge(ctx, mb.ID, []uint32{m.UID}); err != nil {
 					t.Error(err)
 				}
 			}
@@ -538,7 +553,7 @@ func TestHotCacheReadersSeeNoOlderRecord(t *testing.T) {
 				}
 				m := appendOne(t, e, inbox.ID, fmt.Sprintf("w%d m%d", w, i))
 				if i%4 == 0 {
-					if _, _, err := e.Expunge(ctx, inbox.ID, []uint32{m.UID}); err != nil {
+					if _, _, err := writer(e).Expunge(ctx, inbox.ID, []uint32{m.UID}); err != nil {
 						t.Error(err)
 						return
 					}

@@ -35,16 +35,16 @@ func TestListCacheMatchesDatabase(t *testing.T) {
 			mb := inboxes[w%len(inboxes)].ID
 			for i := range 60 {
 				body := []byte(fmt.Sprintf("w%d m%d", w, i))
-				msgs, err := e.Append(ctx, mb, []store.NewMessage{{Body: body, Size: int64(len(body))}, {Body: body, Size: int64(len(body))}}, store.AppendOptions{})
+				msgs, err := writer(e).Append(ctx, mb, []store.NewMessage{{Body: body, Size: int64(len(body))}, {Body: body, Size: int64(len(body))}}, store.AppendOptions{})
 				if err != nil {
 					t.Error(err)
 					return
 				}
 				switch i % 4 {
 				case 0:
-					_, _, err = e.Expunge(ctx, mb, []uint32{msgs[0].UID, msgs[1].UID})
+					_, _, err = writer(e).Expunge(ctx, mb, []uint32{msgs[0].UID, msgs[1].UID})
 				case 1:
-					_, err = e.SetFlags(ctx, mb, store.FlagChange{UIDs: []uint32{msgs[1].UID}, Op: store.FlagsAdd, Flags: []string{`\Seen`}})
+					_, err = writer(e).SetFlags(ctx, mb, store.FlagChange{UIDs: []uint32{msgs[1].UID}, Op: store.FlagsAdd, Flags: []string{`\Seen`}})
 				case 2:
 					all, lerr := e.ListMessages(ctx, mb, 1, 1<<20)
 					if lerr != nil {
@@ -55,7 +55,7 @@ func TestListCacheMatchesDatabase(t *testing.T) {
 					for _, m := range all {
 						uids = append(uids, m.UID)
 					}
-					_, _, err = e.Expunge(ctx, mb, uids)
+					_, _, err = writer(e).Expunge(ctx, mb, uids)
 				case 3:
 					err = e.SetMeta(ctx, mb, map[uint32][]byte{msgs[0].UID: []byte("summary")})
 				}
@@ -175,7 +175,7 @@ func TestListCacheMailboxDeletedInGroup(t *testing.T) {
 	release := holdCommitter(t, e, 2)
 	appended := make(chan error, 1)
 	go func() {
-		_, err := e.Append(ctx, mb.ID, []store.NewMessage{{Body: []byte("x"), Size: 1}}, store.AppendOptions{})
+		_, err := writer(e).Append(ctx, mb.ID, []store.NewMessage{{Body: []byte("x"), Size: 1}}, store.AppendOptions{})
 		appended <- err
 	}()
 	for len(e.reqs) < 1 {
@@ -227,7 +227,7 @@ func TestListCacheBounded(t *testing.T) {
 		e  *Engine
 		mb store.ID
 	}{{e, big.ID}, {e2, big2.ID}} {
-		if _, err := c.e.Append(ctx, c.mb, batch, store.AppendOptions{}); err != nil {
+		if _, err := writer(c.e).Append(ctx, c.mb, batch, store.AppendOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		if c.e.lists.m[c.mb] != nil {
@@ -272,7 +272,7 @@ func BenchmarkMaildropCycle(b *testing.B) {
 				mu.Unlock()
 				for pb.Next() {
 					for range 3 {
-						if _, err := e.Append(ctx, mb, nm, store.AppendOptions{}); err != nil {
+						if _, err := writer(e).Append(ctx, mb, nm, store.AppendOptions{}); err != nil {
 							b.Fatal(err)
 						}
 					}
@@ -284,7 +284,7 @@ func BenchmarkMaildropCycle(b *testing.B) {
 					for i, m := range msgs {
 						uids[i] = m.UID
 					}
-					if _, _, err := e.Expunge(ctx, mb, slices.Clip(uids)); err != nil {
+					if _, _, err := writer(e).Expunge(ctx, mb, slices.Clip(uids)); err != nil {
 						b.Fatal(err)
 					}
 				}

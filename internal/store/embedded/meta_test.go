@@ -28,11 +28,11 @@ func TestSetMeta(t *testing.T) {
 			nm := store.NewMessage{Body: body, Size: int64(len(body))}
 			withMeta := nm
 			withMeta.Meta = []byte("old")
-			msgs, err := e.Append(ctx, inbox.ID, []store.NewMessage{nm, withMeta, nm}, store.AppendOptions{})
+			msgs, err := writer(e).Append(ctx, inbox.ID, []store.NewMessage{nm, withMeta, nm}, store.AppendOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, _, err := e.Expunge(ctx, inbox.ID, []uint32{msgs[2].UID}); err != nil {
+			if _, _, err := writer(e).Expunge(ctx, inbox.ID, []uint32{msgs[2].UID}); err != nil {
 				t.Fatal(err)
 			}
 			before, err := e.GetMailboxByID(ctx, inbox.ID)

@@ -103,7 +103,7 @@ func powerLoss(t *testing.T, unsyncedPercent int, seed int64, checkpointEvery ti
 					}
 					nm = store.NewMessage{Blob: id, Size: n}
 				}
-				msgs, err := e.Append(ctx, box, []store.NewMessage{nm}, store.AppendOptions{})
+				msgs, err := writer(e).Append(ctx, box, []store.NewMessage{nm}, store.AppendOptions{})
 				if err != nil {
 					t.Error(err)
 					return
@@ -115,7 +115,7 @@ func powerLoss(t *testing.T, unsyncedPercent int, seed int64, checkpointEvery ti
 					mu.Unlock()
 					continue
 				}
-				if _, _, err := e.Expunge(ctx, box, []uint32{a.uid}); err != nil {
+				if _, _, err := writer(e).Expunge(ctx, box, []uint32{a.uid}); err != nil {
 					t.Error(err)
 					return
 				}

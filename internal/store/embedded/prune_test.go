@@ -55,7 +55,7 @@ func TestExpungesPruned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mb := storetest.ExpungeFloor(t, e, window, func(mbox store.ID) int {
+	mb := storetest.ExpungeFloor(t, writer(e), window, func(mbox store.ID) int {
 		all, _ := logEntries(t, e, mbox)
 		return all
 	})
@@ -87,10 +87,10 @@ func TestPruneStopsAtModSeqBoundary(t *testing.T) {
 	uids := appendBulk(t, e, inbox.ID, pruneBatch+500)
 	// Expunges below the bulk STORE, so that the prune has to read through it.
 	early := appendOne(t, e, inbox.ID, "early\r\n")
-	if _, _, err := e.Expunge(ctx, inbox.ID, []uint32{early.UID}); err != nil {
+	if _, _, err := writer(e).Expunge(ctx, inbox.ID, []uint32{early.UID}); err != nil {
 		t.Fatal(err)
 	}
-	res, err := e.SetFlags(ctx, inbox.ID, store.FlagChange{UIDs: uids, Op: store.FlagsAdd, Flags: []string{`\Seen`}})
+	res, err := writer(e).SetFlags(ctx, inbox.ID, store.FlagChange{UIDs: uids, Op: store.FlagsAdd, Flags: []string{`\Seen`}})
 	if err != nil || len(res.Changed) != len(uids) {
 		t.Fatalf("SetFlags: %d changed, %v", len(res.Changed), err)
 	}
@@ -98,7 +98,7 @@ func TestPruneStopsAtModSeqBoundary(t *testing.T) {
 	// The next expunge's prune reads the bulk STORE's entries, more than
 	// pruneBatch at one MODSEQ, all of them, and stops there.
 	one := appendOne(t, e, inbox.ID, "one\r\n")
-	if _, _, err := e.Expunge(ctx, inbox.ID, []uint32{one.UID}); err != nil {
+	if _, _, err := writer(e).Expunge(ctx, inbox.ID, []uint32{one.UID}); err != nil {
 		t.Fatal(err)
 	}
 	mb, err := e.GetMailboxByID(ctx, inbox.ID)
@@ -131,7 +131,7 @@ func appendBulk(t *testing.T, e *Engine, mbox store.ID, n int) []uint32 {
 	for i := range nms {
 		nms[i] = store.NewMessage{Blob: blob, Size: size, InternalDate: time.Now()}
 	}
-	msgs, err := e.Append(ctx, mbox, nms, store.AppendOptions{})
+	msgs, err := writer(e).Append(ctx, mbox, nms, store.AppendOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +160,7 @@ func TestExpungeEntries(t *testing.T) {
 			kept = append(kept, uid)
 		}
 	}
-	expunged, at, err := e.Expunge(ctx, inbox.ID, gone)
+	expunged, at, err := writer(e).Expunge(ctx, inbox.ID, gone)
 	if err != nil || len(expunged) != len(gone) {
 		t.Fatalf("Expunge: %d gone, %v", len(expunged), err)
 	}

@@ -108,7 +108,7 @@ func TestDiskFull(t *testing.T) {
 
 			deliver := func(i int) error {
 				body := fmt.Sprintf("full %d\r\n%s\r\n", i, strings.Repeat("x", 32<<10))
-				msgs, err := e.Append(ctx, box, []store.NewMessage{{Body: []byte(body), Size: int64(len(body))}}, store.AppendOptions{})
+				msgs, err := writer(e).Append(ctx, box, []store.NewMessage{{Body: []byte(body), Size: int64(len(body))}}, store.AppendOptions{})
 				if err == nil {
 					bodies[msgs[0].UID] = body
 				}
@@ -244,7 +244,7 @@ func TestLogResumedAfterNoSpace(t *testing.T) {
 			box, bodies := deliverN(t, e, "u@example.test", 5, 3000)
 			body := "never acknowledged\r\n" + strings.Repeat("n", 3000) + "\r\n"
 			fs.mode.Store(mode)
-			_, err = e.Append(ctx, box, []store.NewMessage{{Body: []byte(body), Size: int64(len(body))}}, store.AppendOptions{})
+			_, err = writer(e).Append(ctx, box, []store.NewMessage{{Body: []byte(body), Size: int64(len(body))}}, store.AppendOptions{})
 			fs.mode.Store("")
 			if !errors.Is(err, store.ErrUnavailable) {
 				t.Fatalf("Append whose log write failed with ENOSPC: %v, want store.ErrUnavailable", err)
@@ -258,7 +258,7 @@ func TestLogResumedAfterNoSpace(t *testing.T) {
 			}
 			for i := range 3 {
 				b := fmt.Sprintf("after %d\r\n%s\r\n", i, strings.Repeat("a", 3000))
-				msgs, err := e.Append(ctx, box, []store.NewMessage{{Body: []byte(b), Size: int64(len(b))}}, store.AppendOptions{})
+				msgs, err := writer(e).Append(ctx, box, []store.NewMessage{{Body: []byte(b), Size: int64(len(b))}}, store.AppendOptions{})
 				if err != nil {
 					t.Fatalf("Append after the log was resumed: %v", err)
 				}
@@ -291,7 +291,7 @@ func TestLogFailsStopOnEIO(t *testing.T) {
 	box, bodies := deliverN(t, e, "u@example.test", 5, 3000)
 	fs.mode.Store("eio")
 	appendErr := func() error {
-		_, err := e.Append(ctx, box, []store.NewMessage{{Body: []byte("x\r\n"), Size: 3}}, store.AppendOptions{})
+		_, err := writer(e).Append(ctx, box, []store.NewMessage{{Body: []byte("x\r\n"), Size: 3}}, store.AppendOptions{})
 		return err
 	}
 	if err := appendErr(); err == nil || errors.Is(err, store.ErrUnavailable) {
@@ -362,7 +362,7 @@ func TestPebbleMeetsFullDiskFirst(t *testing.T) {
 	if h := e.Health(); h.Writable || !strings.Contains(h.Reason, "disk full") {
 		t.Fatalf("Health after Pebble met the full disk = %+v", h)
 	}
-	if _, err := e.Append(context.Background(), box, []store.NewMessage{{Body: []byte("x\r\n"), Size: 3}}, store.AppendOptions{}); !errors.Is(err, store.ErrUnavailable) {
+	if _, err := writer(e).Append(context.Background(), box, []store.NewMessage{{Body: []byte("x\r\n"), Size: 3}}, store.AppendOptions{}); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("Append on a full disk: %v, want store.ErrUnavailable", err)
 	}
 	expungeUnless(t, e, box, bodies, func(uid uint32) bool { return uid%2 == 0 })

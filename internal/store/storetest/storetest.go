@@ -46,6 +46,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"DeleteUser", testDeleteUser},
 		{"ConcurrentAppendOrder", testConcurrentAppend},
 		{"MaildropLease", testMaildropLease},
+		{"Secrets", testSecrets},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -959,5 +960,75 @@ func testMaildropLease(t *testing.T, s store.Store) {
 	}
 	if err := again.Release(ctx()); err != nil {
 		t.Fatalf("Release: %v", err)
+	}
+}
+
+// testSecrets checks store.Secrets, which every engine implements: a name
+// is written once; of concurrent creators exactly one wins and every
+// reader then sees its value; names and values are bounded.
+func testSecrets(t *testing.T, s store.Store) {
+	sec, ok := s.(store.Secrets)
+	if !ok {
+		t.Fatalf("%T does not implement store.Secrets", s)
+	}
+	_, err := sec.GetSecret(ctx(), "cluster/none")
+	wantErr(t, "GetSecret of a missing name", err, store.ErrNotFound)
+
+	first := []byte("first value")
+	if err := sec.CreateSecret(ctx(), "cluster/a", first); err != nil {
+		t.Fatalf("CreateSecret: %v", err)
+	}
+	first[0] = 'X' // the store keeps its own copy
+	wantErr(t, "CreateSecret of an existing name", sec.CreateSecret(ctx(), "cluster/a", []byte("second")), store.ErrExists)
+	if got, err := sec.GetSecret(ctx(), "cluster/a"); err != nil || string(got) != "first value" {
+		t.Fatalf("GetSecret = %q, %v; want the first value", got, err)
+	}
+
+	for _, bad := range []struct {
+		name  string
+		value []byte
+	}{
+		{"", []byte("v")},
+		{strings.Repeat("n", store.MaxSecretName+1), []byte("v")},
+		{"with space", []byte("v")},
+		{"nul\x00", []byte("v")},
+		{"cluster/empty", []byte{}},
+		{"cluster/huge", make([]byte, store.MaxSecretBytes+1)},
+	} {
+		wantErr(t, fmt.Sprintf("CreateSecret(%q, %d bytes)", bad.name, len(bad.value)), sec.CreateSecret(ctx(), bad.name, bad.value), store.ErrInvalid)
+	}
+	if err := sec.CreateSecret(ctx(), "cluster/big", make([]byte, store.MaxSecretBytes)); err != nil {
+		t.Fatalf("CreateSecret of MaxSecretBytes: %v", err)
+	}
+
+	// Concurrent creators: exactly one wins, and its value is the one read.
+	const racers = 8
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		winners []int
+	)
+	for i := 0; i < racers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := sec.CreateSecret(ctx(), "cluster/race", []byte(fmt.Sprintf("racer %d", i)))
+			switch {
+			case err == nil:
+				mu.Lock()
+				winners = append(winners, i)
+				mu.Unlock()
+			case !errors.Is(err, store.ErrExists):
+				t.Errorf("racer %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(winners) != 1 {
+		t.Fatalf("%d concurrent CreateSecret calls succeeded (%v), want exactly 1", len(winners), winners)
+	}
+	got, err := sec.GetSecret(ctx(), "cluster/race")
+	if want := fmt.Sprintf("racer %d", winners[0]); err != nil || string(got) != want {
+		t.Fatalf("GetSecret after the race = %q, %v; want the winner's %q", got, err, want)
 	}
 }
