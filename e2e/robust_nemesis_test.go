@@ -322,8 +322,11 @@ func (f *firewall) cut(gid uint32) error {
 			[]string{f.in, "-m", "connmark", "--mark", g, "-p", "tcp", "--sport", ps, "-j", "DROP"})
 		if i > 0 {
 			// The node's own cluster listener: its replies to the
-			// connections other nodes open.
-			rules = append(rules, []string{f.out, "-m", "owner", "--gid-owner", g, "-p", "tcp", "--sport", ps, "-j", "DROP"})
+			// connections other nodes open; and gossip's datagrams.
+			rules = append(rules, []string{f.out, "-m", "owner", "--gid-owner", g, "-p", "tcp", "--sport", ps, "-j", "DROP"},
+				[]string{f.out, "-m", "owner", "--gid-owner", g, "-p", "udp", "--dport", ps, "-j", "DROP"},
+				[]string{f.out, "-m", "owner", "--gid-owner", g, "-p", "udp", "--sport", ps, "-j", "DROP"},
+				[]string{f.in, "-m", "connmark", "--mark", g, "-p", "udp", "--sport", ps, "-j", "DROP"})
 		}
 	}
 	f.mu.Lock()

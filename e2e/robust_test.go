@@ -36,8 +36,8 @@ import (
 // Today the nodes share Cassandra through conditional updates; there are
 // no user managers and no fencing yet, so nothing here can yet show the
 // checker failing with fencing switched off. QUILL_ROBUST_CLUSTER=1 runs
-// the nodes in cluster mode once `quill serve` has --cluster-addr and
-// --join (robustClusterArgs).
+// the nodes in cluster mode (--cluster-addr, --join: membership and change
+// events between the nodes; robustClusterArgs).
 //
 // It runs in scripts/test's 3-node Cassandra stage (QUILL_CASSANDRA_NODES=3)
 // for QUILL_ROBUST_DURATION (default 75s) of load. A long run is the same
@@ -276,14 +276,14 @@ func readFinalState(t *testing.T, rec *history.Recorder, nodes *robustNodes, use
 	return 8, fmt.Errorf("the final state still changed after 8 rounds of reads")
 }
 
-// robustClusterArgs is the hook for cluster mode (issue 35's
-// --cluster-addr and --join, on another branch when this was written).
-// Without QUILL_ROBUST_CLUSTER=1 the nodes run as today: independent
-// processes sharing Cassandra, and it returns no arguments. With it, it
-// requires a `quill serve` that has --cluster-addr, creates the
+// robustClusterArgs is the switch for cluster mode (issue 35's
+// --cluster-addr and --join). Without QUILL_ROBUST_CLUSTER=1 the nodes run
+// as single nodes sharing Cassandra, and it returns no arguments. With it,
+// it requires a `quill serve` that has --cluster-addr, creates the
 // cluster's credentials once (`quill cluster init`), gives node i a
-// cluster listener on a free port and has every node join node 0; the
-// second function returns those ports, which a partition also cuts.
+// cluster listener (TCP and UDP) on a free port and has every node join
+// node 0; the second function returns those ports, which a partition also
+// cuts.
 func robustClusterArgs(t *testing.T, cfg string, maxNodes int) (func(i int) []string, func() []int) {
 	if os.Getenv("QUILL_ROBUST_CLUSTER") != "1" {
 		return func(int) []string { return nil }, func() []int { return nil }
@@ -292,15 +292,23 @@ func robustClusterArgs(t *testing.T, cfg string, maxNodes int) (func(i int) []st
 	if !strings.Contains(help, "-cluster-addr") || !strings.Contains(help, "-join") {
 		t.Fatalf("QUILL_ROBUST_CLUSTER=1, but this quill serve has no --cluster-addr and --join:\n%s", help)
 	}
-	mustQuill(t, "", "cluster", "init", "--config", cfg)
+	mustQuill(t, "", "cluster", "init", "--config", cfg, "--data", t.TempDir())
 	ports := make([]int, maxNodes)
 	for i := range ports {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+		// A port free for TCP and for UDP, held for neither: the node
+		// binds both.
+		for ports[i] == 0 {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := ln.Addr().(*net.TCPAddr).Port
+			ln.Close()
+			if pc, err := net.ListenPacket("udp", "127.0.0.1:"+strconv.Itoa(p)); err == nil {
+				pc.Close()
+				ports[i] = p
+			}
 		}
-		ports[i] = ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
 	}
 	args := func(i int) []string {
 		a := []string{"--cluster-addr", "127.0.0.1:" + strconv.Itoa(ports[i])}
