@@ -200,7 +200,7 @@ maildrop_lease = "5s"
 		}
 	}
 	if n := res.ByInvariant()[history.MoveNotAtomic]; n > 0 {
-		t.Logf("%d times clients saw that Quill's MOVE is a copy and then an expunge, not one atomic step (an interrupted MOVE left both copies, two concurrent MOVEs each copied the message, or a STORE between a MOVE's copy and its expunge was lost): a known limit until the user manager makes MOVE atomic (issue 35 item 1; internal/imap/copy.go); QUILL_ROBUST_STRICT=1 fails on it", n)
+		t.Logf("%d times clients saw a MOVE that was not atomic across the nodes sharing Cassandra (an interrupted MOVE left both copies, two concurrent MOVEs through two nodes each copied the message, or a STORE through one node during a MOVE through another was lost): a known limit until one manager per user orders its writes (issue 35); QUILL_ROBUST_STRICT=1 fails on it", n)
 	}
 	if fatal > 0 {
 		t.Errorf("%d violations of the client guarantees (seed %d)", fatal, seed)

@@ -41,15 +41,15 @@ const (
 	// RemoveLost: a message an acknowledged EXPUNGE or POP3 DELE+QUIT
 	// removed is still there at the end.
 	RemoveLost = "remove-lost"
-	// MoveNotAtomic: what a MOVE that is a copy followed by an expunge
-	// of the original (Quill's today, internal/imap/copy.go), rather than
-	// one atomic step, lets clients see: an interrupted MOVE (failed or
-	// ambiguous) leaves the message in both mailboxes; two concurrent
-	// MOVEs of one message each copy it; a STORE acknowledged between a
-	// MOVE's copy and its expunge is lost. It is told apart from
-	// Duplicated and FlagLost, which it would otherwise be, so that a run
-	// can report this known limit without hiding a real duplicate or a
-	// real lost flag.
+	// MoveNotAtomic: what a MOVE that is not one atomic step lets clients
+	// see: an interrupted MOVE (failed or ambiguous) leaves the message in
+	// both mailboxes; two concurrent MOVEs of one message each copy it; a
+	// STORE acknowledged between a MOVE's copy and its expunge is lost.
+	// Quill's MOVE is one batch of the node's user manager, but nodes
+	// sharing Cassandra do not order each other's batches yet (issue 35).
+	// It is told apart from Duplicated and FlagLost, which it would
+	// otherwise be, so that a run can report this known limit without
+	// hiding a real duplicate or a real lost flag.
 	MoveNotAtomic = "move-not-atomic"
 	// MoveLost: after an acknowledged MOVE, a moved message is still in
 	// the source, or is not in the destination under the UID COPYUID gave
