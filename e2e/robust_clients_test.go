@@ -188,6 +188,12 @@ func (c *robustClient) deliver(ctx context.Context, lmtp bool) {
 		}
 		op.Rcpts = append(op.Rcpts, history.Rcpt{User: u, Outcome: o})
 	}
+	err := res.Err
+	for i, code := range res.Final {
+		if code != 250 && err == nil {
+			err = fmt.Errorf("end of data: %d %s", code, res.FinalText[i]) // a refusal, kept for the report
+		}
+	}
 	outcome := history.Failed
 	for _, r := range op.Rcpts {
 		if r.Outcome == history.Ok && outcome == history.Failed {
@@ -197,7 +203,7 @@ func (c *robustClient) deliver(ctx context.Context, lmtp bool) {
 			outcome = history.Ambiguous
 		}
 	}
-	c.rec.End(op, outcome, res.Err)
+	c.rec.End(op, outcome, err)
 }
 
 // imapSession dials a random node, logs in and enables CONDSTORE.
