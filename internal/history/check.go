@@ -358,6 +358,14 @@ func (c *checker) observations() {
 	}
 }
 
+// because returns ": <the op's error>" when it has one.
+func because(op *Op) string {
+	if op.Error == "" {
+		return ""
+	}
+	return " (it failed with: " + op.Error + ")"
+}
+
 func targetToken(ts []Target, uid uint32) string {
 	for _, t := range ts {
 		if t.UID == uid {
@@ -380,7 +388,7 @@ func (c *checker) sight(op *Op, v *View, s Seen) {
 	case o == Failed:
 		if c.once(Phantom + "\x00" + key) {
 			c.violate(Violation{Invariant: Phantom, Mailbox: mb.String(), Token: s.Token, UID: s.UID, Ops: []int{cr.Index, op.Index},
-				Detail: "the message of a failed " + cr.Kind.String() + " is visible"})
+				Detail: "the message of a failed " + cr.Kind.String() + " is visible" + because(cr)})
 		}
 	case s.HasBody && s.Sum != cr.Sum:
 		if c.once(Corrupt + "\x00" + key) {
@@ -584,8 +592,15 @@ func (c *checker) messages(incomplete map[string]bool) {
 			}
 		}
 		if len(removers) == 0 {
-			c.violate(Violation{Invariant: Lost, Mailbox: e.mb.String(), Token: e.token, Ops: []int{e.op.Index},
-				Detail: "acknowledged " + e.op.Kind.String() + " is in none of the user's mailboxes, and nothing removed it"})
+			detail := "acknowledged " + e.op.Kind.String() + " is in none of the user's mailboxes, and nothing removed it"
+			ops := []int{e.op.Index}
+			for _, op := range c.acting[e.token] {
+				if (op.Kind == Expunge || op.Kind == Dele) && op.Outcome == Failed && op.Mailbox.User == e.user {
+					detail += fmt.Sprintf("; op %d, a %s of it, failed%s", op.Index, op.Kind, because(op))
+					ops = append(ops, op.Index)
+				}
+			}
+			c.violate(Violation{Invariant: Lost, Mailbox: e.mb.String(), Token: e.token, Ops: ops, Detail: detail})
 		}
 	}
 }
