@@ -144,25 +144,25 @@ const maxIdleWorkers = 64
 // accepted is a connection handed to a worker with its Limiter verdict.
 type accepted struct {
 	nc       net.Conn
-	release  func() // nil unless ok
+	ticket   ticket // the Limiter's, if ok
 	ok       bool
 	ctx      context.Context
 	shutdown <-chan struct{}
 }
 
 func (s *Server) start(nc net.Conn) {
-	release, ok := s.Limiter.Acquire(addrPort(nc.RemoteAddr()).Addr())
+	t, ok := s.Limiter.acquire(addrPort(nc.RemoteAddr()).Addr())
 	s.mu.Lock()
 	if s.mu.closing {
 		s.mu.Unlock()
 		nc.Close()
 		if ok {
-			release()
+			s.Limiter.release(t)
 		}
 		return
 	}
 	s.mu.conns[nc] = struct{}{}
-	a := accepted{nc: nc, release: release, ok: ok, ctx: s.mu.ctx, shutdown: s.mu.shutdown}
+	a := accepted{nc: nc, ticket: t, ok: ok, ctx: s.mu.ctx, shutdown: s.mu.shutdown}
 	s.mu.Unlock()
 
 	select {
@@ -214,7 +214,7 @@ func (s *Server) serveConn(a accepted) {
 		}
 		return
 	}
-	defer a.release()
+	defer s.Limiter.release(a.ticket)
 	s.Metrics.opened()
 	defer s.Metrics.closed()
 	defer func() {
