@@ -29,18 +29,40 @@ const (
 )
 
 // textConn is a CRLF line connection with bounded reads; every exchange
-// sets a fresh deadline.
+// sets a fresh deadline, ioTimeout from now, or the connection's fixed
+// deadline when it has one (dialTextUntil).
 type textConn struct {
-	conn net.Conn
-	br   *bufio.Reader
+	conn     net.Conn
+	br       *bufio.Reader
+	deadline time.Time // zero: ioTimeout per exchange
 }
 
 func dialText(addr string) (*textConn, error) {
-	c, err := net.DialTimeout("tcp", addr, ioTimeout)
+	return dialTextUntil(addr, time.Time{})
+}
+
+// dialTextUntil connects with a deadline for the whole session: every
+// exchange must end before it (the zero time means ioTimeout per
+// exchange).
+func dialTextUntil(addr string, deadline time.Time) (*textConn, error) {
+	timeout := ioTimeout
+	if !deadline.IsZero() {
+		timeout = time.Until(deadline)
+	}
+	c, err := net.DialTimeout("tcp", addr, timeout)
 	if err != nil {
 		return nil, err
 	}
-	return &textConn{conn: c, br: bufio.NewReaderSize(c, maxLine)}, nil
+	return &textConn{conn: c, br: bufio.NewReaderSize(c, maxLine), deadline: deadline}, nil
+}
+
+// arm sets the deadline of the next exchange.
+func (c *textConn) arm() {
+	if !c.deadline.IsZero() {
+		_ = c.conn.SetDeadline(c.deadline)
+		return
+	}
+	_ = c.conn.SetDeadline(time.Now().Add(ioTimeout))
 }
 
 // dialTLS connects with implicit TLS, skipping verification (the server's
@@ -78,7 +100,7 @@ func (c *textConn) startTLS() error {
 func (c *textConn) Close() error { return c.conn.Close() }
 
 func (c *textConn) writeLine(line string) error {
-	_ = c.conn.SetDeadline(time.Now().Add(ioTimeout))
+	c.arm()
 	_, err := c.conn.Write([]byte(line + "\r\n"))
 	return err
 }
@@ -86,7 +108,7 @@ func (c *textConn) writeLine(line string) error {
 // readLine returns one line without its CRLF; a line longer than maxLine is
 // an error, not a partial read.
 func (c *textConn) readLine() (string, error) {
-	_ = c.conn.SetDeadline(time.Now().Add(ioTimeout))
+	c.arm()
 	line, err := c.br.ReadSlice('\n')
 	if errors.Is(err, bufio.ErrBufferFull) {
 		return "", fmt.Errorf("reply line longer than %d bytes", maxLine)
@@ -169,50 +191,99 @@ func (c *textConn) smtpCmd(line string, want int) (string, error) {
 // rejected command. With lmtp, one reply per recipient follows the data
 // (RFC 2033 section 4.2) and every one must be 250.
 func smtpSend(addr string, lmtp bool, from string, to []string, msg []byte) error {
-	c, err := dialText(addr)
+	r := smtpTransaction(addr, time.Time{}, lmtp, from, to, msg)
+	if r.Err != nil {
+		return r.Err
+	}
+	for i, code := range r.Final {
+		if code != 250 {
+			return &SMTPError{Cmd: "end of data", Code: code, Text: r.FinalText[i]}
+		}
+	}
+	return nil
+}
+
+// smtpOutcome is what one SMTP or LMTP transaction established, in the
+// detail a history needs: which recipients were accepted, the replies to
+// the end of the data (one for SMTP, one per accepted recipient for
+// LMTP, in order; 0 where none came), and whether the data's final "."
+// was sent, after which a missing reply leaves the outcome unknown.
+type smtpOutcome struct {
+	Accepted  []bool
+	Final     []int
+	FinalText []string
+	DataSent  bool
+	Err       error // the first refusal (*SMTPError) or I/O error
+}
+
+// smtpTransaction runs one transaction on a new connection; with a
+// non-zero deadline the whole session must end before it.
+func smtpTransaction(addr string, deadline time.Time, lmtp bool, from string, to []string, msg []byte) (r smtpOutcome) {
+	r.Accepted = make([]bool, len(to))
+	c, err := dialTextUntil(addr, deadline)
 	if err != nil {
-		return err
+		r.Err = err
+		return r
 	}
 	defer c.Close()
-	if _, err := c.smtpCmd("", 220); err != nil {
-		return err
+	if _, r.Err = c.smtpCmd("", 220); r.Err != nil {
+		return r
 	}
 	hello := "EHLO client.e2e.test"
 	if lmtp {
 		hello = "LHLO client.e2e.test"
 	}
-	if _, err := c.smtpCmd(hello, 250); err != nil {
-		return err
+	if _, r.Err = c.smtpCmd(hello, 250); r.Err != nil {
+		return r
 	}
-	if _, err := c.smtpCmd("MAIL FROM:<"+from+">", 250); err != nil {
-		return err
+	if _, r.Err = c.smtpCmd("MAIL FROM:<"+from+">", 250); r.Err != nil {
+		return r
 	}
-	for _, r := range to {
-		if _, err := c.smtpCmd("RCPT TO:<"+r+">", 250); err != nil {
-			return err
+	var accepted []int
+	for i, rcpt := range to {
+		if _, err := c.smtpCmd("RCPT TO:<"+rcpt+">", 250); err != nil {
+			var se *SMTPError
+			if !errors.As(err, &se) {
+				r.Err = err
+				return r
+			}
+			if r.Err == nil {
+				r.Err = err
+			}
+			continue
 		}
+		r.Accepted[i] = true
+		accepted = append(accepted, i)
+	}
+	if len(accepted) == 0 {
+		return r
 	}
 	if _, err := c.smtpCmd("DATA", 354); err != nil {
-		return err
+		r.Err = err
+		return r
 	}
-	_ = c.conn.SetDeadline(time.Now().Add(ioTimeout))
+	c.arm()
 	if _, err := c.conn.Write(append(dotStuff(msg), ".\r\n"...)); err != nil {
-		return err
+		// Part of the data may have reached the server, never its end.
+		r.Err = err
+		return r
 	}
+	r.DataSent = true
 	replies := 1
 	if lmtp {
-		replies = len(to)
+		replies = len(accepted)
 	}
+	r.Final, r.FinalText = make([]int, replies), make([]string, replies)
 	for i := 0; i < replies; i++ {
-		if _, err := c.smtpCmd("", 250); err != nil {
-			if se, ok := err.(*SMTPError); ok {
-				se.Cmd = "end of data"
-			}
-			return err
+		code, text, err := c.readReply()
+		if err != nil {
+			r.Err = fmt.Errorf("end of data: %w", err)
+			return r
 		}
+		r.Final[i], r.FinalText[i] = code, text
 	}
 	_, _ = c.smtpCmd("QUIT", 221)
-	return nil
+	return r
 }
 
 // dotStuff applies RFC 5321 section 4.5.2 transparency and makes sure msg

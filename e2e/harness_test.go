@@ -29,6 +29,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -115,6 +116,11 @@ type Options struct {
 	Env []string
 	// ExtraArgs are appended to the serve command line.
 	ExtraArgs []string
+	// Gid, when not 0, runs the process with this group ID (the user ID
+	// stays), so that firewall rules can match its packets by owner
+	// (iptables -m owner --gid-owner; the robustness harness's
+	// partitions). It needs root.
+	Gid uint32
 }
 
 // Server is one quill serve process and the data directory it owns. Its
@@ -135,6 +141,7 @@ type Server struct {
 	err   error             // proc's Wait result, valid after done is closed
 	addrs map[string]string // the current --print-listeners map
 	sig   bool              // a signal was sent to the current proc by the harness
+	stopd bool              // the current proc was sent SIGSTOP and not SIGCONT
 }
 
 // startServer starts quill serve and returns once every listener is bound
@@ -216,6 +223,56 @@ func (s *Server) Kill() {
 	}
 }
 
+// Pause sends SIGSTOP: the process keeps its sockets and its state but
+// runs no code (a long GC pause, a VM migration) until Resume. Stop,
+// Restart and the test's cleanup resume it first.
+func (s *Server) Pause() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		return fmt.Errorf("pause: server never started")
+	}
+	if err := s.proc.Process.Signal(syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("pause: %w", err)
+	}
+	s.stopd = true
+	return nil
+}
+
+// Resume sends SIGCONT to a paused process.
+func (s *Server) Resume() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.resumeLocked()
+}
+
+func (s *Server) resumeLocked() error {
+	if s.proc == nil || !s.stopd {
+		return nil
+	}
+	s.stopd = false
+	if err := s.proc.Process.Signal(syscall.SIGCONT); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("resume: %w", err)
+	}
+	return nil
+}
+
+// PinListeners makes every later start (Restart) bind the addresses the
+// current process has, so that clients keep the addresses they know. A
+// port taken meanwhile by another process makes that start fail.
+func (s *Server) PinListeners() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	listen := make(map[string]string, len(s.addrs))
+	for k, v := range s.opts.Listen {
+		listen[k] = v
+	}
+	for k, v := range s.addrs {
+		listen[k] = v
+	}
+	s.opts.Listen = listen
+}
+
 // Stop sends SIGTERM and waits for a graceful exit; it fails the test when
 // the exit status is not 0 or the drain exceeds stopTimeout.
 func (s *Server) Stop(t testing.TB) {
@@ -262,9 +319,13 @@ func (s *Server) stop(t testing.TB) {
 	s.mu.Lock()
 	proc, done, signalled := s.proc, s.done, s.sig
 	s.sig = true
+	resumeErr := s.resumeLocked() // a stopped process would not see SIGTERM
 	s.mu.Unlock()
 	if proc == nil {
 		return
+	}
+	if resumeErr != nil {
+		t.Errorf("stopping quill: %v", resumeErr)
 	}
 	select {
 	case <-done:
@@ -331,6 +392,9 @@ func (s *Server) start() (err error) {
 	cmd.Stderr = s.log
 	// The server must not outlive the test binary (a panic or a -timeout).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if s.opts.Gid != 0 {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(os.Getuid()), Gid: s.opts.Gid}
+	}
 	if err := cmd.Start(); err != nil {
 		pw.Close()
 		pr.Close()
@@ -339,7 +403,7 @@ func (s *Server) start() (err error) {
 	pw.Close()
 	done := make(chan struct{})
 	s.mu.Lock()
-	s.proc, s.done, s.err, s.addrs, s.sig = cmd, done, nil, nil, false
+	s.proc, s.done, s.err, s.addrs, s.sig, s.stopd = cmd, done, nil, nil, false, false
 	s.mu.Unlock()
 	go func() {
 		err := cmd.Wait()

@@ -82,6 +82,7 @@ var allowed = map[string][]string{
 	"internal/mail":                  {},
 	"internal/mime":                  {},
 	"internal/loadgen":               {},
+	"internal/history":               {},
 	"internal/archtest":              {},
 	"e2e":                            {},
 }

@@ -159,45 +159,68 @@ func newIMAPConn(lc *lineConn) *imapConn {
 
 // cmd sends one tagged command and reads the responses up to its tagged
 // status, each bounded by max octets, handing every untagged one to fn
-// (nil discards them). A tagged NO or BAD is an error with the server's
-// text; so is an error from fn, after which the session is unusable.
+// (nil discards them). A tagged NO or BAD is an *IMAPStatusError; an
+// error from fn is returned as it is, and the session is then unusable.
 func (c *imapConn) cmd(line string, max int, fn func(*imapResponse) error) error {
+	_, err := c.cmdText(line, max, fn)
+	return err
+}
+
+// cmdText is cmd that also returns the text of the tagged OK (its
+// response code included, e.g. "[APPENDUID 7 3] APPEND completed").
+func (c *imapConn) cmdText(line string, max int, fn func(*imapResponse) error) (string, error) {
 	c.tag++
 	tag := "a" + strconv.Itoa(c.tag)
 	if err := c.writeLine(tag + " " + line); err != nil {
-		return err
+		return "", err
 	}
+	return c.untilTagged(tag, max, fn)
+}
+
+// untilTagged reads responses up to the one tagged tag; see cmd.
+func (c *imapConn) untilTagged(tag string, max int, fn func(*imapResponse) error) (string, error) {
 	for {
 		c.arm()
 		r, err := c.ir.read(max)
 		if err != nil {
-			return err
+			return "", err
 		}
 		first := r.lines[0]
 		if t, rest, ok := bytes.Cut(first, []byte(" ")); ok && string(t) == tag {
-			return taggedStatus(first, rest)
+			if err := taggedStatus(first, rest); err != nil {
+				return "", err
+			}
+			return string(bytes.TrimLeft(rest[2:], " ")), nil
 		}
 		if len(first) < 2 || first[0] != '*' || first[1] != ' ' {
 			// We never send a synchronising literal, so a continuation
 			// request ("+") is as unexpected as a foreign tag.
-			return fmt.Errorf("%w: unexpected response %q", ErrProtocol, first)
+			return "", fmt.Errorf("%w: unexpected response %q", ErrProtocol, first)
 		}
 		if fn != nil {
 			if err := fn(r); err != nil {
-				return err
+				return "", err
 			}
 		}
 	}
 }
 
-// taggedStatus interprets a tagged response: nil for OK, the server's
-// text for NO and BAD (RFC 9051 section 7.1).
+// IMAPStatusError is a tagged NO or BAD (RFC 9051 section 7.1): the
+// server refused the command.
+type IMAPStatusError struct {
+	Line string // the whole tagged response
+}
+
+func (e *IMAPStatusError) Error() string { return fmt.Sprintf("server said %q", e.Line) }
+
+// taggedStatus interprets a tagged response: nil for OK, an
+// *IMAPStatusError for NO and BAD.
 func taggedStatus(line, rest []byte) error {
 	switch {
 	case hasPrefixFold(rest, "OK"):
 		return nil
 	case hasPrefixFold(rest, "NO"), hasPrefixFold(rest, "BAD"):
-		return fmt.Errorf("server said %q", line)
+		return &IMAPStatusError{Line: string(line)}
 	}
 	return fmt.Errorf("%w: bad tagged response %q", ErrProtocol, line)
 }
