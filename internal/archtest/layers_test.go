@@ -66,6 +66,9 @@ var allowed = map[string][]string{
 	"internal/cluster/clusterpb": {},
 	// Membership: memberlist over the transport.
 	"internal/cluster/membership": {"internal/cluster/credentials", "internal/cluster/transport"},
+	// The ownership protocol (ADR 0024, 0027): map epochs and node leases
+	// in the store, the user map over them, the live set from membership.
+	"internal/cluster/ownership": {"internal/cluster/membership", "internal/cluster/usermap", "internal/store"},
 	// The node's part of the cluster: starts the pieces above in order,
 	// serves the Node RPC service, computes the status view.
 	"internal/cluster": {"internal/cluster/clusterpb", "internal/cluster/credentials", "internal/cluster/membership",
