@@ -159,12 +159,18 @@ func (s *Store) route(ctx context.Context, op, user string, local func(context.C
 		_, done, err := s.owner.Begin(user)
 		if err == nil {
 			err = local(ctx)
-			if derr := done(); err == nil && derr != nil {
+			derr := done()
+			switch {
+			case err == nil && derr != nil:
 				// Applied, but the lease lapsed before it completed: not
 				// acknowledged (ADR 0024).
-				err = fmt.Errorf("forward: %s for %s: %w", op, user, derr)
+				return fmt.Errorf("forward: %s for %s: %w", op, user, derr)
+			case errors.Is(err, ownership.ErrNotManager), errors.Is(err, ownership.ErrHandoff), errors.Is(err, ownership.ErrNoLease):
+				// The user manager asked the owner itself (usermgr.Owner)
+				// and the bucket moved since Begin: nothing was applied.
+			default:
+				return err
 			}
-			return err
 		}
 		var nm *ownership.NotManagerError
 		if errors.As(err, &nm) {

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"quill/internal/cluster/clusterpb"
+	"quill/internal/cluster/ownership"
 	"quill/internal/store"
 )
 
@@ -50,12 +51,21 @@ func (h *Handler) apply(op, user string, fn func() error) error {
 		return status.Error(codes.FailedPrecondition, err.Error())
 	}
 	err = fn()
-	if derr := done(); err == nil && derr != nil {
-		err = derr
-	}
-	if err != nil {
+	derr := done()
+	switch {
+	case errors.Is(err, ownership.ErrNotManager), errors.Is(err, ownership.ErrHandoff), errors.Is(err, ownership.ErrNoLease):
+		// The user manager's own check (usermgr.Owner) found the bucket
+		// moved since Begin: nothing was applied.
+		h.applied.WithLabelValues(op, "not_manager").Inc()
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case err != nil:
 		h.applied.WithLabelValues(op, "error").Inc()
 		return toStatus(err)
+	case derr != nil:
+		// Applied, but the lease lapsed before it completed: not
+		// acknowledged, and the outcome is the sender's to doubt.
+		h.applied.WithLabelValues(op, "error").Inc()
+		return status.Error(codes.Internal, derr.Error())
 	}
 	h.applied.WithLabelValues(op, "ok").Inc()
 	return nil
