@@ -454,3 +454,134 @@ func TestCloseReleases(t *testing.T) {
 		return nil
 	})
 }
+
+// faultyLeases is the real store with a switch that cuts this node off
+// from it: every call fails, as for a node partitioned from the store.
+type faultyLeases struct {
+	store.Ownership
+	fail atomic.Bool
+}
+
+var errCut = fmt.Errorf("cut off from the store: %w", store.ErrUnavailable)
+
+func (f *faultyLeases) PutNodeLease(ctx context.Context, l store.NodeLease) error {
+	if f.fail.Load() {
+		return errCut
+	}
+	return f.Ownership.PutNodeLease(ctx, l)
+}
+
+func (f *faultyLeases) NodeLeases(ctx context.Context) ([]store.NodeLease, error) {
+	if f.fail.Load() {
+		return nil, errCut
+	}
+	return f.Ownership.NodeLeases(ctx)
+}
+
+func (f *faultyLeases) LatestClusterMap(ctx context.Context) (store.ClusterMap, error) {
+	if f.fail.Load() {
+		return store.ClusterMap{}, errCut
+	}
+	return f.Ownership.LatestClusterMap(ctx)
+}
+
+func (f *faultyLeases) ProposeClusterMap(ctx context.Context, m store.ClusterMap) error {
+	if f.fail.Load() {
+		return errCut
+	}
+	return f.Ownership.ProposeClusterMap(ctx, m)
+}
+
+// TestLapseStopsAndRetakes: a node cut off from the store stops managing
+// once its lease runs out on its own clock (ErrNoLease); while it is cut
+// off, a new epoch (it is drained) gives its buckets to the other node,
+// which takes them once the lease expired. When the node reaches the store
+// again, its renewal finds the lapse: it drops everything, rereads the map
+// and, drained, manages nothing, never answering for a bucket the other
+// node took. Drained back into service, it takes its share afresh. A
+// watcher checks exclusivity throughout.
+func TestLapseStopsAndRetakes(t *testing.T) {
+	c := newTestCluster(t)
+	a := c.start()
+	f := &faultyLeases{Ownership: c.st}
+	// b: as start, over the faulty store.
+	id := credentials.NewNodeID()
+	creds, err := c.rec.ForNode(id, credentials.NodeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := transport.Listen(transport.Options{Addr: "127.0.0.1:0", Node: creds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, err := membership.Start(context.Background(), membership.Options{
+		ID: id, Transport: tr, GossipKey: creds.GossipKey(), Join: []string{a.addr}, DetectionTimeout: detection,
+	})
+	if err != nil {
+		tr.Close()
+		t.Fatal(err)
+	}
+	own, err := Start(Options{ID: id, Store: f, Subscribe: mem.Subscribe, Term: term})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &node{id: id, addr: tr.Addr().String(), tr: tr, mem: mem, own: own}
+	t.Cleanup(func() { b.kill() })
+	nodes := []*node{a, b}
+	w := watch(nodes)
+	defer w.finish(t)
+	eventually(t, 20*time.Second, "two nodes settle", func() error { return settled(nodes, 2) })
+	var user string
+	for i := 0; ; i++ {
+		user = fmt.Sprintf("user%d@example.test", i)
+		if _, err := b.own.Epoch(user); err == nil {
+			break
+		}
+	}
+	managed := b.own.Status().Managed
+
+	f.fail.Store(true)
+	cut := time.Now()
+	eventually(t, 10*time.Second, "b stops managing", func() error {
+		if _, err := b.own.Epoch(user); !errors.Is(err, ErrNoLease) {
+			return fmt.Errorf("Epoch = %v", err)
+		}
+		return nil
+	})
+	if lapsed := time.Since(cut); lapsed > term {
+		t.Errorf("b answered %v after its lease writes failed; its lease lasts at most %v", lapsed, term-term/6)
+	}
+	if st := b.own.Status(); st.Managed != 0 {
+		t.Fatalf("b manages %d buckets with its lease lapsed", st.Managed)
+	}
+	// Drained while cut off: a takes b's buckets once b's lease expired.
+	if err := b.mem.SetDraining(context.Background(), true); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "a manages every bucket", func() error {
+		if n := a.own.Status().Managed; n != usermap.Buckets {
+			return fmt.Errorf("a manages %d", n)
+		}
+		return nil
+	})
+	w.waitRounds(t, 2)
+
+	f.fail.Store(false)
+	eventually(t, 20*time.Second, "b adopts the epoch that drained it", func() error {
+		if st, ast := b.own.Status(), a.own.Status(); st.Adopted != ast.Adopted || st.Managed != 0 {
+			return fmt.Errorf("b adopted %d, manages %d; a adopted %d", st.Adopted, st.Managed, ast.Adopted)
+		}
+		return nil
+	})
+	w.waitRounds(t, 3)
+	if err := b.mem.SetDraining(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "b takes its share again", func() error {
+		if n := b.own.Status().Managed; n < managed*9/10 {
+			return fmt.Errorf("b manages %d (had %d)", n, managed)
+		}
+		return settled(nodes, 2)
+	})
+	w.waitRounds(t, 2)
+}
