@@ -524,8 +524,16 @@ func (o *Owner) adopt(ctx context.Context, um *usermap.Map, fresh bool) {
 		o.log.Warn("cluster: announcing the adoption of an epoch", "epoch", e, "err", err)
 		return
 	}
-	if fresh && !sent.Before(o.heldUntil) {
-		// Lapsed again meanwhile: this write renews; adopt again after it.
+	if !sent.Before(o.heldUntil) {
+		// The lease had lapsed when this write was sent (the wait for the
+		// writes in flight, or renewals failing, outlasted it): others may
+		// have taken even the buckets kept. As in renew: drop everything,
+		// and adopt afresh after this write, which renewed the lease.
+		if !o.lapsed {
+			o.log.Warn("cluster: lease had lapsed while adopting; taking buckets afresh", "epoch", e)
+		}
+		o.dropAllLocked()
+		o.lapsed = true
 		o.heldUntil = sent.Add(o.term - o.margin)
 		return
 	}
