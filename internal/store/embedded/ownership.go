@@ -13,7 +13,7 @@ var _ store.Ownership = (*Engine)(nil)
 
 // ownership is store.Ownership for the embedded engine, in memory. One
 // process opens the engine, so every node sharing it runs in that process
-// (in-process cluster tests, or a single node with the cluster on), and
+// (in-process cluster tests: the configuration refuses a cluster on it), and
 // a mutex orders them as Cassandra's conditional write orders processes.
 // Nothing of it needs to outlive the process: the user managers that
 // answer to it start afresh too, and the engine ignores batch epochs.
