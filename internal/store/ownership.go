@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 )
 
@@ -120,4 +121,39 @@ func CheckNodeID(id string) error {
 		}
 	}
 	return nil
+}
+
+// wireMember is a MapMember in EncodeMembers' JSON.
+type wireMember struct {
+	ID       string `json:"id"`
+	Weight   uint32 `json:"w"`
+	Draining bool   `json:"d,omitempty"`
+}
+
+// EncodeMembers encodes a map's members as an engine may store them: a
+// JSON array, so that a field added later is ignored by older readers.
+func EncodeMembers(ms []MapMember) ([]byte, error) {
+	w := make([]wireMember, len(ms))
+	for i, m := range ms {
+		w[i] = wireMember{ID: m.ID, Weight: m.Weight, Draining: m.Draining}
+	}
+	return json.Marshal(w)
+}
+
+// DecodeMembers parses EncodeMembers' form into the map of epoch. Bytes
+// that do not decode to a valid map (CheckClusterMap) are an error, never
+// a partial map.
+func DecodeMembers(epoch uint64, b []byte) (ClusterMap, error) {
+	var w []wireMember
+	if err := json.Unmarshal(b, &w); err != nil {
+		return ClusterMap{}, fmt.Errorf("%w: cluster map of epoch %d: %v", ErrInvalid, epoch, err)
+	}
+	m := ClusterMap{Epoch: epoch, Members: make([]MapMember, len(w))}
+	for i, x := range w {
+		m.Members[i] = MapMember{ID: x.ID, Weight: x.Weight, Draining: x.Draining}
+	}
+	if err := CheckClusterMap(m); err != nil {
+		return ClusterMap{}, err
+	}
+	return m, nil
 }

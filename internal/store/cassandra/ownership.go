@@ -2,7 +2,6 @@ package cassandra
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -15,34 +14,11 @@ import (
 
 var _ store.Ownership = (*Engine)(nil)
 
-// wireMember is a store.MapMember in cluster_maps.members (a JSON array).
-type wireMember struct {
-	ID       string `json:"id"`
-	Weight   uint32 `json:"w"`
-	Draining bool   `json:"d,omitempty"`
-}
-
-func encodeMembers(ms []store.MapMember) ([]byte, error) {
-	w := make([]wireMember, len(ms))
-	for i, m := range ms {
-		w[i] = wireMember{ID: m.ID, Weight: m.Weight, Draining: m.Draining}
-	}
-	return json.Marshal(w)
-}
-
-// decodeMembers parses cluster_maps.members; a row that does not decode to
-// a valid map is an error, never a partial map.
+// decodeMembers parses cluster_maps.members (store.EncodeMembers).
 func decodeMembers(epoch int64, b []byte) (store.ClusterMap, error) {
-	var w []wireMember
-	if err := json.Unmarshal(b, &w); err != nil {
-		return store.ClusterMap{}, fmt.Errorf("cassandra: cluster map of epoch %d: %w", epoch, err)
-	}
-	m := store.ClusterMap{Epoch: uint64(epoch), Members: make([]store.MapMember, len(w))}
-	for i, x := range w {
-		m.Members[i] = store.MapMember{ID: x.ID, Weight: x.Weight, Draining: x.Draining}
-	}
-	if err := store.CheckClusterMap(m); err != nil {
-		return store.ClusterMap{}, fmt.Errorf("cassandra: stored cluster map of epoch %d: %w", epoch, err)
+	m, err := store.DecodeMembers(uint64(epoch), b)
+	if err != nil {
+		return store.ClusterMap{}, fmt.Errorf("cassandra: stored cluster map: %w", err)
 	}
 	return m, nil
 }
@@ -81,7 +57,7 @@ func (e *Engine) ProposeClusterMap(ctx context.Context, m store.ClusterMap) erro
 	if err := store.CheckClusterMap(m); err != nil {
 		return err
 	}
-	b, err := encodeMembers(m.Members)
+	b, err := store.EncodeMembers(m.Members)
 	if err != nil {
 		return err
 	}
