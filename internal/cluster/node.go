@@ -8,7 +8,10 @@
 // status` and `quill cluster drain` ask of it. Shutdown stops them in
 // reverse.
 //
-// What does not exist yet: pending deliveries, cross-node change events.
+// It also fans this node's change events out to the other live nodes
+// (Events, internal/cluster/events) and hands theirs to the local hub.
+//
+// What does not exist yet: pending deliveries.
 package cluster
 
 import (
@@ -25,6 +28,7 @@ import (
 
 	"quill/internal/cluster/clusterpb"
 	"quill/internal/cluster/credentials"
+	"quill/internal/cluster/events"
 	"quill/internal/cluster/membership"
 	"quill/internal/cluster/ownership"
 	"quill/internal/cluster/transport"
@@ -57,7 +61,10 @@ type Options struct {
 	LeaseTerm time.Duration
 	// Sessions returns the client connections open on this node's
 	// protocol listeners, for its load.
-	Sessions   func() int
+	Sessions func() int
+	// Local hears the change events of the other nodes (the hub of this
+	// node's sessions).
+	Local      events.Local
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer // may be nil
 }
@@ -71,6 +78,10 @@ type Node struct {
 	own   atomic.Pointer[ownership.Owner]       // nil until ownership started
 	fwd   atomic.Pointer[Forwarded]             // nil until ServeForwarded
 	load  *loadSampler
+	fan   *events.Fanout
+	// peersDone is closed when the goroutine that keeps fan's peers in
+	// step with membership has returned.
+	peersDone chan struct{}
 
 	shutdown    sync.Once
 	shutdownErr error
@@ -97,15 +108,26 @@ func Start(ctx context.Context, opts Options) (n *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	n = &Node{log: opts.Logger, creds: creds, load: startLoadSampler(opts.Sessions)}
+	n = &Node{log: opts.Logger, creds: creds, load: startLoadSampler(opts.Sessions), peersDone: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			n.load.stop()
 		}
 	}()
+	local := opts.Local
+	if local == nil {
+		local = discard{}
+	}
+	n.fan = events.New(events.Options{
+		Local: local, Dial: func(peer, addr string) (*grpc.ClientConn, error) { return n.tr.Client(peer, addr) },
+		Logger: opts.Logger, Registerer: opts.Registerer,
+	})
 	n.tr, err = transport.Listen(transport.Options{
 		Addr: opts.Addr, Advertise: opts.Advertise, Node: creds,
-		Register:   func(r grpc.ServiceRegistrar) { clusterpb.RegisterNodeServer(r, &service{n: n}) },
+		Register: func(r grpc.ServiceRegistrar) {
+			clusterpb.RegisterNodeServer(r, &service{n: n})
+			clusterpb.RegisterEventsServer(r, n.fan.Service())
+		},
 		Logger:     opts.Logger,
 		Registerer: opts.Registerer,
 	})
@@ -131,6 +153,8 @@ func Start(ctx context.Context, opts Options) (n *Node, err error) {
 		return nil, err
 	}
 	n.own.Store(own)
+	views, cancel := mem.Subscribe()
+	go n.followPeers(views, cancel)
 	n.log.Info("cluster: node started", "node", id, "new_id", created, "addr", n.tr.Addr().String(),
 		"ca", creds.Fingerprint(), "members", len(mem.Live().Members))
 	return n, nil
@@ -179,9 +203,36 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		err = errors.Join(err, mem.Leave(leaveCtx))
 		cancel()
 		err = errors.Join(err, mem.Close())
+		<-n.peersDone
+		n.fan.Close()
 		err = errors.Join(err, n.tr.Shutdown(ctx))
 		n.load.stop()
 		n.shutdownErr = err
 	})
 	return n.shutdownErr
 }
+
+// Events returns the fan-out of this node's change events: the user
+// manager's Notifier with the cluster on.
+func (n *Node) Events() *events.Fanout { return n.fan }
+
+// followPeers keeps the fan-out's peers the live members other than this
+// node, until membership closes the subscription.
+func (n *Node) followPeers(views <-chan membership.View, cancel func()) {
+	defer close(n.peersDone)
+	defer cancel()
+	for v := range views {
+		var peers []events.Peer
+		for _, m := range v.Members {
+			if m.ID != n.ID() {
+				peers = append(peers, events.Peer{ID: m.ID, Addr: m.Meta.Addr})
+			}
+		}
+		n.fan.SetPeers(peers)
+	}
+}
+
+// discard is the Local of a node started without one.
+type discard struct{}
+
+func (discard) Notify(store.ID) {}

@@ -30,6 +30,7 @@ import (
 	"quill/internal/admin"
 	"quill/internal/auth"
 	"quill/internal/cluster"
+	"quill/internal/cluster/events"
 	"quill/internal/cluster/forward"
 	"quill/internal/config"
 	"quill/internal/delivery"
@@ -125,16 +126,19 @@ func (s *Server) Start() (err error) {
 	// One connection limiter for every listener; its count of sessions is
 	// also the node's load in the cluster.
 	limiter := textconn.NewLimiter(cfg.Limits.MaxConnectionsPerIP, cfg.Limits.MaxConnections)
-	if config.Enabled(cfg.Cluster.Addr) {
-		if err := s.startCluster(limiter.Active); err != nil {
-			return err
-		}
-	}
 	// The change hub wakes IMAP sessions (IDLE) when a mailbox changes; the
 	// user manager, this node's one writer of every user's mailboxes,
-	// announces each durable write there.
+	// announces each durable write there, and with the cluster on also to
+	// the other nodes, whose events reach the hub too.
 	hub := mailbox.NewHub()
-	if err := s.startStore(hub); err != nil {
+	var notifier usermgr.Notifier = hub
+	if config.Enabled(cfg.Cluster.Addr) {
+		if err := s.startCluster(limiter.Active, hub); err != nil {
+			return err
+		}
+		notifier = s.cluster.Events()
+	}
+	if err := s.startStore(hub, notifier); err != nil {
 		return err
 	}
 	tlsConfig, err := loadTLS(cfg.TLS.CertFile, cfg.TLS.KeyFile, filepath.Join(cfg.DataDir, TLSDir), cfg.Hostname)
@@ -269,7 +273,7 @@ func (s *Server) Start() (err error) {
 // startCluster starts this node's part of the cluster (credentials from
 // the store, transport, membership: internal/cluster), before any listener
 // serves, so that a ready node has joined.
-func (s *Server) startCluster(sessions func() int) error {
+func (s *Server) startCluster(sessions func() int, local events.Local) error {
 	secrets, ok := s.engine.(store.Secrets)
 	if !ok {
 		return fmt.Errorf("cluster: store engine %T keeps no secrets", s.engine)
@@ -284,8 +288,8 @@ func (s *Server) startCluster(sessions func() int) error {
 	node, err := cluster.Start(ctx, cluster.Options{
 		DataDir: s.cfg.DataDir, Addr: c.Addr, Advertise: c.AdvertiseAddr, Join: c.Join,
 		DetectionTimeout: c.DetectionTimeout.Duration, Secrets: secrets, Ownership: own, LeaseTerm: c.LeaseTerm.Duration,
-		Sessions: sessions,
-		Logger:   s.log.With("component", "cluster"), Registerer: s.reg,
+		Sessions: sessions, Local: local,
+		Logger: s.log.With("component", "cluster"), Registerer: s.reg,
 	})
 	if err != nil {
 		return fmt.Errorf("cluster: %w", err)
@@ -294,12 +298,15 @@ func (s *Server) startCluster(sessions func() int) error {
 	return nil
 }
 
-// startStore builds the user manager and, with the cluster on, the
-// forwarder in front of it and the handler of the writes other nodes
-// forward here (internal/cluster/forward): this node's manager then
-// writes only the users whose buckets it manages (cluster.Node.Owner).
-func (s *Server) startStore(hub *mailbox.Hub) error {
-	opts := usermgr.Options{Notifier: hub}
+// startStore builds the user manager, telling notifier of its writes
+// (the hub, or with the cluster on the node's fan-out of events) and,
+// with the cluster on, the forwarder in front of it and the handler of the
+// writes other nodes forward here (internal/cluster/forward): this node's
+// manager then writes only the users whose buckets it manages
+// (cluster.Node.Owner). After a forwarded write the forwarder tells the
+// local hub at once; the manager's node tells every node, this one too.
+func (s *Server) startStore(hub *mailbox.Hub, notifier usermgr.Notifier) error {
+	opts := usermgr.Options{Notifier: notifier}
 	if s.cluster == nil {
 		s.store = usermgr.New(s.engine, opts)
 		return nil

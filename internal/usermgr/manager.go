@@ -116,31 +116,48 @@ func New(e store.Engine, opts Options) *Manager {
 	return m
 }
 
-// user is the manager's state of one user.
+// user is the manager's state of one user. It is kept small (soft state
+// per active user is a budget: BenchmarkSoftStatePerUser).
 type user struct {
 	name string
-	pins int // guarded by Manager.mu: goroutines holding or waiting for mu
+	pins int32 // guarded by Manager.mu: goroutines holding or waiting for mu
+
+	// Guarded by fl:
+	inflight int32         // batches submitted and not yet finished
+	failed   bool          // a batch failed: reload before the next write
+	waiter   chan struct{} // if not nil, closed when inflight drops to zero
+	fl       sync.Mutex
 
 	// mu orders the user's writes: held while one is built and submitted.
 	mu sync.Mutex
 	// Guarded by mu:
-	epoch   uint64 // the epoch heads were loaded under
-	heads   map[store.ID]*head
-	usage   store.Usage
 	usageOK bool
-
-	fl sync.Mutex
-	// Guarded by fl:
-	inflight int           // batches submitted and not yet finished
-	idle     chan struct{} // closed when inflight drops to zero
-	failed   bool          // a batch failed: reload before the next write
+	epoch   uint64  // the epoch heads were loaded under
+	heads   []*head // the mailboxes written, few: searched in order
+	usage   store.Usage
 }
 
 // head is what the manager keeps of a mailbox: the next UID and MODSEQ to
 // hand out, minus one for the MODSEQ.
 type head struct {
+	id      store.ID
 	uidNext uint32
 	modSeq  uint64
+}
+
+// find returns the head of mailbox id, or nil.
+func (u *user) find(id store.ID) *head {
+	for _, h := range u.heads {
+		if h.id == id {
+			return h
+		}
+	}
+	return nil
+}
+
+// drop forgets the head of mailbox id.
+func (u *user) drop(id store.ID) {
+	u.heads = slices.DeleteFunc(u.heads, func(h *head) bool { return h.id == id })
 }
 
 // lock returns name's state with its mu held, pinned against eviction
@@ -152,7 +169,7 @@ func (m *Manager) lock(name string) *user {
 		if len(m.users) >= m.max {
 			m.evictLocked()
 		}
-		u = &user{name: name, heads: map[store.ID]*head{}}
+		u = &user{name: name}
 		m.users[name] = u
 	}
 	u.pins++
@@ -225,7 +242,10 @@ func (m *Manager) drain(ctx context.Context, u *user) error {
 			}
 			return nil
 		}
-		ch := u.idle
+		if u.waiter == nil {
+			u.waiter = make(chan struct{})
+		}
+		ch := u.waiter
 		u.fl.Unlock()
 		<-ch
 	}
@@ -236,10 +256,10 @@ func (m *Manager) drain(ctx context.Context, u *user) error {
 // though nothing of them was written), and forgets its usage.
 func (m *Manager) reload(ctx context.Context, u *user) error {
 	u.usageOK = false
-	for id, h := range u.heads {
-		mb, err := m.Engine.GetMailboxByID(ctx, id)
+	for _, h := range slices.Clone(u.heads) {
+		mb, err := m.Engine.GetMailboxByID(ctx, h.id)
 		if errors.Is(err, store.ErrNotFound) {
-			delete(u.heads, id)
+			u.drop(h.id)
 			continue
 		}
 		if err != nil {
@@ -276,11 +296,11 @@ func (m *Manager) head(ctx context.Context, u *user, mailbox store.ID) (*head, e
 		if err := m.drain(ctx, u); err != nil {
 			return nil, err
 		}
-		clear(u.heads)
+		u.heads = nil
 		u.usageOK = false
 		u.epoch = epoch
 	}
-	if h := u.heads[mailbox]; h != nil {
+	if h := u.find(mailbox); h != nil {
 		return h, nil
 	}
 	var mb store.Mailbox
@@ -295,8 +315,8 @@ func (m *Manager) head(ctx context.Context, u *user, mailbox store.ID) (*head, e
 	if mb.User != u.name {
 		return nil, fmt.Errorf("mailbox %s: %w", mailbox, store.ErrNotFound)
 	}
-	h := &head{uidNext: mb.UIDNext, modSeq: mb.HighestModSeq}
-	u.heads[mailbox] = h
+	h := &head{id: mailbox, uidNext: mb.UIDNext, modSeq: mb.HighestModSeq}
+	u.heads = append(u.heads, h)
 	return h, nil
 }
 
@@ -309,9 +329,6 @@ func (m *Manager) submit(ctx context.Context, u *user, b *store.Batch) (func() e
 		return nil, err
 	}
 	u.fl.Lock()
-	if u.inflight == 0 {
-		u.idle = make(chan struct{})
-	}
 	u.inflight++
 	u.fl.Unlock()
 	return wait, nil
@@ -325,8 +342,9 @@ func (m *Manager) finish(u *user, err error, mailboxes ...store.ID) {
 		u.failed = true
 	}
 	u.inflight--
-	if u.inflight == 0 {
-		close(u.idle)
+	if u.inflight == 0 && u.waiter != nil {
+		close(u.waiter)
+		u.waiter = nil
 	}
 	u.fl.Unlock()
 	if err == nil {
@@ -646,7 +664,7 @@ func (m *Manager) DeleteMailbox(ctx context.Context, user, name string) error {
 		return err
 	}
 	err = m.Engine.DeleteMailbox(ctx, user, name)
-	delete(u.heads, mb.ID)
+	u.drop(mb.ID)
 	u.usageOK = false
 	if err == nil {
 		m.publish(mb.ID)
@@ -664,7 +682,7 @@ func (m *Manager) DeleteUser(ctx context.Context, address string) error {
 		return err
 	}
 	err := m.Engine.DeleteUser(ctx, address)
-	clear(u.heads)
+	u.heads = nil
 	u.usageOK = false
 	if err == nil {
 		for _, mb := range mbs {
