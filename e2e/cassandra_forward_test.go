@@ -166,13 +166,13 @@ func TestCassandraClusterForwarding(t *testing.T) {
 	}
 	settledOn(t, servers, want, 0, 60*time.Second)
 
-	// Two users managed by each node.
+	// A user managed by each node.
 	const pass = "forward-password-1"
 	var users []string
 	per := map[string]int{}
-	for i := 0; len(users) < 6; i++ {
+	for i := 0; len(users) < len(ids); i++ {
 		u := fmt.Sprintf("fwd%d@example.test", i)
-		if m := managerOf(t, u, ids); per[m] < 2 {
+		if m := managerOf(t, u, ids); per[m] == 0 {
 			per[m]++
 			users = append(users, u)
 			addUser(t, first, u, pass)

@@ -212,13 +212,18 @@ func (s *Store) remote(ctx context.Context, op, node string, deadline time.Time,
 		s.sent.WithLabelValues(op, "ok").Inc()
 		return nil
 	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
 	switch status.Code(err) {
-	case codes.FailedPrecondition, codes.Unavailable:
+	case codes.FailedPrecondition, codes.Unavailable, codes.Canceled:
+		// Refused before anything was applied, or the connection failed
+		// (Canceled: the connection was closed under the call, as when
+		// membership briefly lists the node dead): retried. A connection
+		// that broke after the request reached the manager may thus apply
+		// a write twice, as a client retrying after a timeout would.
 		return fmt.Errorf("%w: node %s: %w", errRefused, node, err)
-	case codes.DeadlineExceeded, codes.Canceled:
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
+	case codes.DeadlineExceeded:
 		s.sent.WithLabelValues(op, "unknown").Inc()
 		return fmt.Errorf("%w: %s at node %s: %w", ErrOutcomeUnknown, op, node, err)
 	}
