@@ -119,7 +119,7 @@ func clusterStatus(args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tADDRESS\tSTATE\tBUCKETS\tSESSIONS\tCPU\t")
+	fmt.Fprintln(tw, "NODE\tADDRESS\tSTATE\tBUCKETS\tEPOCH\tLEASE\tSESSIONS\tCPU\t")
 	sum := 0
 	for _, n := range st.Nodes {
 		sum += n.Buckets
@@ -133,10 +133,15 @@ func clusterStatus(args []string, stdout, stderr io.Writer) error {
 		} else if n.Error != "" {
 			cpu = "(" + n.Error + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t\n", id, n.Addr, n.State, n.Buckets, sessions, cpu)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t\n", id, n.Addr, n.State, n.Buckets, n.Epoch, n.Lease, sessions, cpu)
 	}
 	tw.Flush()
-	fmt.Fprintf(stdout, "%d nodes; %d of %d buckets assigned\n", len(st.Nodes), sum, st.Buckets)
+	fmt.Fprintf(stdout, "%d nodes; %d of %d buckets assigned; map epoch %d\n", len(st.Nodes), sum, st.Buckets, st.Epoch)
+	for _, n := range st.Nodes {
+		if n.Managed != nil {
+			fmt.Fprintf(stdout, "this node manages %d buckets at epoch %d\n", *n.Managed, n.Epoch)
+		}
+	}
 	return nil
 }
 

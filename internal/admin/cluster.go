@@ -20,8 +20,11 @@ type ClusterStatus struct {
 	Self string `json:"self"`
 	// Buckets is the number of buckets in the cluster; the nodes'
 	// buckets sum to it while a live node is not draining.
-	Buckets int           `json:"buckets"`
-	Nodes   []ClusterNode `json:"nodes"`
+	Buckets int `json:"buckets"`
+	// Epoch is the newest map epoch the answering node has read (ADR
+	// 0024).
+	Epoch uint64        `json:"epoch"`
+	Nodes []ClusterNode `json:"nodes"`
 }
 
 // ClusterNode is one node of ClusterStatus.
@@ -34,6 +37,14 @@ type ClusterNode struct {
 	// answer (Error says why).
 	Load  *NodeLoad `json:"load"`
 	Error string    `json:"error,omitempty"`
+	// Epoch is the map epoch the node has adopted (its lease row), Lease
+	// its lease as the answering node sees it: held, expired, released,
+	// unseen (renewed lately, not yet known current) or none.
+	Epoch uint64 `json:"epoch"`
+	Lease string `json:"lease"`
+	// Managed is the number of buckets the node manages now; only the
+	// answering node reports its own.
+	Managed *int `json:"managed,omitempty"`
 }
 
 // NodeLoad is a node's load (internal/cluster.Load).

@@ -1,16 +1,17 @@
 // Package cluster runs this node's part of the cluster: it starts, in
 // order, the cluster's credentials (read from the store), the node-to-node
-// transport and membership, serves the Node RPC service on the transport,
-// and answers what `quill cluster status` and `quill cluster drain` ask of
-// it. Shutdown stops them in reverse.
+// transport, membership and the ownership protocol
+// (internal/cluster/ownership: which buckets this node manages, under
+// leases in the store), serves the Node RPC service on the transport
+// (status, drain, and the forwarded mailbox writes, which it hands to the
+// handler ServeForwarded installs), and answers what `quill cluster
+// status` and `quill cluster drain` ask of it. Shutdown stops them in
+// reverse.
 //
 // It also fans this node's change events out to the other live nodes
 // (Events, internal/cluster/events) and hands theirs to the local hub.
 //
-// What does not exist yet: bucket leases and forwarded mailbox mutations.
-// A node's "buckets" are the
-// buckets the user map (internal/cluster/usermap) assigns it over the live
-// set; nothing acts on that assignment yet.
+// What does not exist yet: pending deliveries.
 package cluster
 
 import (
@@ -29,6 +30,7 @@ import (
 	"quill/internal/cluster/credentials"
 	"quill/internal/cluster/events"
 	"quill/internal/cluster/membership"
+	"quill/internal/cluster/ownership"
 	"quill/internal/cluster/transport"
 	"quill/internal/store"
 )
@@ -53,6 +55,10 @@ type Options struct {
 	DetectionTimeout time.Duration
 	// Secrets is the store holding the credentials (quill cluster init).
 	Secrets credentials.Secrets
+	// Ownership is the store holding the map epochs and node leases.
+	Ownership store.Ownership
+	// LeaseTerm is the lease term (ownership.DefaultTerm when zero).
+	LeaseTerm time.Duration
 	// Sessions returns the client connections open on this node's
 	// protocol listeners, for its load.
 	Sessions func() int
@@ -69,6 +75,8 @@ type Node struct {
 	creds *credentials.Node
 	tr    *transport.Transport
 	mem   atomic.Pointer[membership.Membership] // nil until membership started
+	own   atomic.Pointer[ownership.Owner]       // nil until ownership started
+	fwd   atomic.Pointer[Forwarded]             // nil until ServeForwarded
 	load  *loadSampler
 	fan   *events.Fanout
 	// peersDone is closed when the goroutine that keeps fan's peers in
@@ -84,6 +92,9 @@ type Node struct {
 func Start(ctx context.Context, opts Options) (n *Node, err error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Ownership == nil {
+		return nil, errors.New("cluster: no store for the ownership protocol")
 	}
 	rec, err := credentials.Load(ctx, opts.Secrets)
 	if err != nil {
@@ -132,6 +143,16 @@ func Start(ctx context.Context, opts Options) (n *Node, err error) {
 		return nil, err
 	}
 	n.mem.Store(mem)
+	own, err := ownership.Start(ownership.Options{
+		ID: id, Store: opts.Ownership, Subscribe: mem.Subscribe, Term: opts.LeaseTerm,
+		Logger: opts.Logger, Registerer: opts.Registerer,
+	})
+	if err != nil {
+		mem.Close()
+		n.tr.Close()
+		return nil, err
+	}
+	n.own.Store(own)
 	views, cancel := mem.Subscribe()
 	go n.followPeers(views, cancel)
 	n.log.Info("cluster: node started", "node", id, "new_id", created, "addr", n.tr.Addr().String(),
@@ -145,18 +166,41 @@ func (n *Node) ID() string { return n.creds.ID() }
 // Addr returns the address other nodes reach this one at.
 func (n *Node) Addr() string { return n.tr.Addr().String() }
 
-// Membership returns this node's membership (for the user manager).
+// Membership returns this node's membership.
 func (n *Node) Membership() *membership.Membership { return n.mem.Load() }
 
-// Shutdown leaves the cluster (the others list this node dead at once),
-// stops membership, then the transport, giving RPCs in progress until ctx
-// ends.
-// It is safe to call more than once.
+// Owner returns this node's part of the ownership protocol: the user
+// manager's usermgr.Owner, and the forwarder's guide to managers.
+func (n *Node) Owner() *ownership.Owner { return n.own.Load() }
+
+// Client returns the RPC connection to the live node id (for forwarded
+// writes), or ErrUnknownNode.
+func (n *Node) Client(id string) (clusterpb.NodeClient, error) {
+	for _, m := range n.mem.Load().Members() {
+		if m.ID == id && m.State != membership.Dead {
+			cc, err := n.tr.Client(m.ID, m.Meta.Addr)
+			if err != nil {
+				return nil, err
+			}
+			return clusterpb.NewNodeClient(cc), nil
+		}
+	}
+	return nil, fmt.Errorf("%w: %s", ErrUnknownNode, id)
+}
+
+// Shutdown gives this node's lease up once its writes in flight are done
+// (the others then take its buckets at once), leaves the cluster (the
+// others list this node dead at once), stops membership, then the
+// transport, giving RPCs in progress until ctx ends. It is safe to call
+// more than once.
 func (n *Node) Shutdown(ctx context.Context) error {
 	n.shutdown.Do(func() {
+		relCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := n.own.Load().Close(relCtx)
+		cancel()
 		mem := n.mem.Load()
 		leaveCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err := mem.Leave(leaveCtx)
+		err = errors.Join(err, mem.Leave(leaveCtx))
 		cancel()
 		err = errors.Join(err, mem.Close())
 		<-n.peersDone

@@ -10,6 +10,7 @@ import (
 	"quill/internal/cluster/credentials"
 	"quill/internal/cluster/membership"
 	"quill/internal/cluster/usermap"
+	"quill/internal/store"
 	"quill/internal/store/embedded"
 )
 
@@ -26,7 +27,7 @@ func openStore(t *testing.T) *embedded.Engine {
 func startNode(t *testing.T, st credentials.Secrets, sessions int, join ...string) *Node {
 	t.Helper()
 	n, err := Start(context.Background(), Options{
-		DataDir: t.TempDir(), Addr: "127.0.0.1:0", Join: join, Secrets: st,
+		DataDir: t.TempDir(), Addr: "127.0.0.1:0", Join: join, Secrets: st, Ownership: st.(store.Ownership), LeaseTerm: time.Second,
 		Sessions: func() int { return sessions },
 	})
 	if err != nil {
@@ -53,7 +54,8 @@ func eventually(t *testing.T, what string, cond func() error) {
 }
 
 func TestStartNeedsCredentials(t *testing.T) {
-	_, err := Start(context.Background(), Options{DataDir: t.TempDir(), Addr: "127.0.0.1:0", Secrets: openStore(t)})
+	st := openStore(t)
+	_, err := Start(context.Background(), Options{DataDir: t.TempDir(), Addr: "127.0.0.1:0", Secrets: st, Ownership: st})
 	if !errors.Is(err, credentials.ErrNotInitialized) {
 		t.Fatalf("Start without credentials = %v, want ErrNotInitialized", err)
 	}

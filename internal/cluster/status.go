@@ -10,6 +10,7 @@ import (
 
 	"quill/internal/cluster/clusterpb"
 	"quill/internal/cluster/membership"
+	"quill/internal/cluster/ownership"
 	"quill/internal/cluster/transport"
 	"quill/internal/cluster/usermap"
 )
@@ -27,6 +28,13 @@ type NodeStatus struct {
 	Load  *Load
 	Self  bool
 	Error string
+	// Adopted is the map epoch the node has adopted, as its lease row
+	// says; Lease its lease as this node sees it (ownership.Lease*).
+	Adopted uint64
+	Lease   string
+	// Managed is the number of buckets this node manages now (this node
+	// only: others report theirs in their own status).
+	Managed int
 }
 
 // Status is the cluster as this node sees it.
@@ -35,7 +43,9 @@ type Status struct {
 	// Buckets is the number of buckets in the cluster (usermap.Buckets);
 	// the nodes' Buckets sum to it while a live node is not draining.
 	Buckets int
-	Nodes   []NodeStatus
+	// Epoch is the newest map epoch this node has read.
+	Epoch uint64
+	Nodes []NodeStatus
 }
 
 // Status lists every node this node knows of, with its state, its share
@@ -45,10 +55,22 @@ func (n *Node) Status(ctx context.Context) Status {
 	mem := n.mem.Load()
 	members := mem.Members()
 	counts := bucketCounts(mem.Live())
-	st := Status{Self: n.ID(), Buckets: usermap.Buckets, Nodes: make([]NodeStatus, len(members))}
+	own := n.own.Load().Status()
+	leases := map[string]ownership.NodeStatus{}
+	for _, ns := range own.Nodes {
+		leases[ns.ID] = ns
+	}
+	st := Status{Self: n.ID(), Buckets: usermap.Buckets, Epoch: own.Epoch, Nodes: make([]NodeStatus, len(members))}
 	var wg sync.WaitGroup
 	for i, m := range members {
-		ns := NodeStatus{ID: m.ID, Addr: m.Meta.Addr, State: m.State, Buckets: counts[m.ID], Self: m.ID == n.ID()}
+		ns := NodeStatus{ID: m.ID, Addr: m.Meta.Addr, State: m.State, Buckets: counts[m.ID], Self: m.ID == n.ID(),
+			Adopted: leases[m.ID].Adopted, Lease: leases[m.ID].Lease}
+		if ns.Lease == "" {
+			ns.Lease = ownership.LeaseNone
+		}
+		if ns.Self {
+			ns.Managed = own.Managed
+		}
 		st.Nodes[i] = ns
 		switch {
 		case ns.Self:

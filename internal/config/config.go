@@ -198,6 +198,13 @@ type Cluster struct {
 	// DetectionTimeout bounds how long a dead node is listed alive
 	// (membership's timers follow from it; docs/adr/0020).
 	DetectionTimeout Duration `toml:"detection_timeout"`
+	// LeaseTerm is the term of a node's lease on its buckets (docs/adr/0024,
+	// 0027): a node renews it every third of the term, and a dead node's
+	// buckets move about term + term/6 after its last renewal.
+	LeaseTerm Duration `toml:"lease_term"`
+	// ForwardTimeout bounds a mailbox write forwarded to the user's
+	// manager, retries included; past it the write fails temporarily.
+	ForwardTimeout Duration `toml:"forward_timeout"`
 }
 
 // Log configures logging to standard error.
@@ -330,8 +337,9 @@ func Default() Config {
 		}},
 		// A single node unless asked; 2 s is the issue's bound on
 		// detecting a dead node, met with room (docs/adr/0020).
-		Cluster: Cluster{Addr: Off, DetectionTimeout: Duration{2 * time.Second}},
-		Log:     Log{Level: "info", Format: "text", FlushInterval: Duration{100 * time.Millisecond}},
+		Cluster: Cluster{Addr: Off, DetectionTimeout: Duration{2 * time.Second}, LeaseTerm: Duration{3 * time.Second},
+			ForwardTimeout: Duration{5 * time.Second}},
+		Log: Log{Level: "info", Format: "text", FlushInterval: Duration{100 * time.Millisecond}},
 	}
 }
 
@@ -582,6 +590,12 @@ func validateCluster(c *Config, bad func(string, ...any)) {
 	}
 	if cl.DetectionTimeout.Duration < 500*time.Millisecond || cl.DetectionTimeout.Duration > time.Minute {
 		bad("cluster.detection_timeout must be between 500ms and 1m")
+	}
+	if cl.LeaseTerm.Duration < 600*time.Millisecond || cl.LeaseTerm.Duration > time.Minute {
+		bad("cluster.lease_term must be between 600ms and 1m")
+	}
+	if cl.ForwardTimeout.Duration < 100*time.Millisecond || cl.ForwardTimeout.Duration > time.Minute {
+		bad("cluster.forward_timeout must be between 100ms and 1m")
 	}
 	for _, a := range cl.Join {
 		if err := checkPeer(a); err != nil {

@@ -20,9 +20,14 @@ func clusterAdmin(n *cluster.Node) admin.Cluster {
 
 func (c clusterAPI) Status(ctx context.Context) (admin.ClusterStatus, error) {
 	st := c.n.Status(ctx)
-	out := admin.ClusterStatus{Self: st.Self, Buckets: st.Buckets, Nodes: make([]admin.ClusterNode, len(st.Nodes))}
+	out := admin.ClusterStatus{Self: st.Self, Buckets: st.Buckets, Epoch: st.Epoch, Nodes: make([]admin.ClusterNode, len(st.Nodes))}
 	for i, n := range st.Nodes {
-		out.Nodes[i] = admin.ClusterNode{ID: n.ID, Addr: n.Addr, State: string(n.State), Buckets: n.Buckets, Error: n.Error}
+		out.Nodes[i] = admin.ClusterNode{ID: n.ID, Addr: n.Addr, State: string(n.State), Buckets: n.Buckets, Error: n.Error,
+			Epoch: n.Adopted, Lease: n.Lease}
+		if n.Self {
+			managed := n.Managed
+			out.Nodes[i].Managed = &managed
+		}
 		if n.Load != nil {
 			out.Nodes[i].Load = &admin.NodeLoad{Sessions: n.Load.Sessions, CPU: n.Load.CPU}
 		}

@@ -31,6 +31,7 @@ import (
 	"quill/internal/auth"
 	"quill/internal/cluster"
 	"quill/internal/cluster/events"
+	"quill/internal/cluster/forward"
 	"quill/internal/config"
 	"quill/internal/delivery"
 	"quill/internal/mailbox"
@@ -62,13 +63,23 @@ type protocolServer interface {
 	Close() error
 }
 
+// nodeStore is the store the services use: usermgr.Manager, or
+// forward.Store over it.
+type nodeStore interface {
+	store.Store
+	Move(ctx context.Context, from store.ID, uids []uint32, to store.ID) (src, dst []uint32, err error)
+	SetMeta(ctx context.Context, mailbox store.ID, metas map[uint32][]byte) error
+}
+
 // Server is one running Quill node.
 type Server struct {
 	cfg config.Config
 	log *slog.Logger
 
-	// store is the user manager over engine: every write goes through it.
-	store   *usermgr.Manager
+	// store is what every service uses: the user manager over engine, or
+	// with the cluster on, the forwarder that sends each write to the
+	// user's manager (this node's user manager or another node's).
+	store   nodeStore
 	engine  store.Engine
 	cluster *cluster.Node // nil with the cluster off
 	reg     *prometheus.Registry
@@ -127,7 +138,9 @@ func (s *Server) Start() (err error) {
 		}
 		notifier = s.cluster.Events()
 	}
-	s.store = usermgr.New(s.engine, usermgr.Options{Notifier: notifier})
+	if err := s.startStore(hub, notifier); err != nil {
+		return err
+	}
 	tlsConfig, err := loadTLS(cfg.TLS.CertFile, cfg.TLS.KeyFile, filepath.Join(cfg.DataDir, TLSDir), cfg.Hostname)
 	if err != nil {
 		return err
@@ -265,18 +278,56 @@ func (s *Server) startCluster(sessions func() int, local events.Local) error {
 	if !ok {
 		return fmt.Errorf("cluster: store engine %T keeps no secrets", s.engine)
 	}
+	own, ok := s.engine.(store.Ownership)
+	if !ok {
+		return fmt.Errorf("cluster: store engine %T keeps no cluster map", s.engine)
+	}
 	c := s.cfg.Cluster
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	node, err := cluster.Start(ctx, cluster.Options{
 		DataDir: s.cfg.DataDir, Addr: c.Addr, Advertise: c.AdvertiseAddr, Join: c.Join,
-		DetectionTimeout: c.DetectionTimeout.Duration, Secrets: secrets, Sessions: sessions, Local: local,
+		DetectionTimeout: c.DetectionTimeout.Duration, Secrets: secrets, Ownership: own, LeaseTerm: c.LeaseTerm.Duration,
+		Sessions: sessions, Local: local,
 		Logger: s.log.With("component", "cluster"), Registerer: s.reg,
 	})
 	if err != nil {
 		return fmt.Errorf("cluster: %w", err)
 	}
 	s.cluster = node
+	return nil
+}
+
+// startStore builds the user manager, telling notifier of its writes
+// (the hub, or with the cluster on the node's fan-out of events) and,
+// with the cluster on, the forwarder in front of it and the handler of the
+// writes other nodes forward here (internal/cluster/forward): this node's
+// manager then writes only the users whose buckets it manages
+// (cluster.Node.Owner). After a forwarded write the forwarder tells the
+// local hub at once; the manager's node tells every node, this one too.
+func (s *Server) startStore(hub *mailbox.Hub, notifier usermgr.Notifier) error {
+	opts := usermgr.Options{Notifier: notifier}
+	if s.cluster == nil {
+		s.store = usermgr.New(s.engine, opts)
+		return nil
+	}
+	owner := s.cluster.Owner()
+	opts.Owner = owner
+	mgr := usermgr.New(s.engine, opts)
+	s.store = mgr
+	h, err := forward.NewHandler(mgr, owner, s.reg)
+	if err != nil {
+		return err
+	}
+	s.cluster.ServeForwarded(h)
+	fs, err := forward.New(forward.Options{
+		Local: mgr, Owner: owner, Peers: s.cluster, Timeout: s.cfg.Cluster.ForwardTimeout.Duration,
+		Notifier: hub, Logger: s.log.With("component", "forward"), Registerer: s.reg,
+	})
+	if err != nil {
+		return err
+	}
+	s.store = fs
 	return nil
 }
 

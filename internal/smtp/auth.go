@@ -59,7 +59,7 @@ func (s *session) auth(arg string) error {
 	}
 	s.user = user
 	s.setCommandTimeout()
-	s.log = s.log.With("user", user)
+	s.log.with("user", user)
 	s.log.Info("authenticated")
 	s.writeReply(reply{235, "2.7.0", "Authentication successful"})
 	return nil

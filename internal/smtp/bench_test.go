@@ -46,6 +46,7 @@ func BenchmarkSMTPTransaction(b *testing.B) {
 	expect(1)
 	body := "Subject: bench\r\n\r\n" + strings.Repeat(strings.Repeat("x", 78)+"\r\n", 4096/80) + ".\r\n"
 	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
 	b.ResetTimer()
 	cpu := startCPU(b)
 	for b.Loop() {
@@ -66,13 +67,16 @@ func BenchmarkSMTPTransaction(b *testing.B) {
 // connection, as Porcupine and postal send: connect, greeting, EHLO, MAIL,
 // RCPT, DATA, QUIT, close. Its ns/op over BenchmarkSMTPTransaction's is
 // what a connection costs beyond its message (accept, session setup,
-// greeting, EHLO, QUIT, teardown), client side included.
+// greeting, EHLO, QUIT, teardown), client side included; so are its
+// allocs/op over BenchmarkSMTPTransaction's (the client's net.Dial makes
+// about 20 of them).
 func BenchmarkSMTPConnection(b *testing.B) {
 	srv := newTestServer(b, &testBackend{discard: true})
 	srv.Logger = slog.New(slog.DiscardHandler)
 	addr := startServer(b, srv, nil)
 	body := "Subject: bench\r\n\r\n" + strings.Repeat(strings.Repeat("x", 78)+"\r\n", 4096/80) + ".\r\n"
 	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
 	br := bufio.NewReaderSize(nil, 4096)
 	bw := bufio.NewWriterSize(nil, 8192)
 	expect := func(n int, want byte) {

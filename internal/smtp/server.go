@@ -10,13 +10,17 @@ package smtp
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"quill/internal/delivery"
@@ -156,6 +160,12 @@ type Server struct {
 	once sync.Once
 	lim  limits
 	srv  textconn.Server
+	// sessions counts sessions for their IDs, idPrefix is these IDs'
+	// random prefix (newSessionID).
+	sessions atomic.Uint64
+	idPrefix uint32
+	// ehloKeywords are the EHLO keywords every session offers.
+	ehloKeywords []string
 }
 
 // limits are the effective limits, defaults applied.
@@ -175,6 +185,9 @@ func orDefault[T int | int64 | time.Duration](v, def T) T {
 
 func (s *Server) init() {
 	s.once.Do(func() {
+		var p [4]byte
+		_, _ = rand.Read(p[:])
+		s.idPrefix = binary.BigEndian.Uint32(p[:])
 		s.lim = limits{
 			maxLine:          orDefault(s.MaxLineLength, DefaultMaxLineLength),
 			maxDataLine:      orDefault(s.MaxDataLineLength, DefaultMaxDataLineLength),
@@ -190,6 +203,8 @@ func (s *Server) init() {
 			preauthTimeout:   orDefault(s.PreauthTimeout, DefaultPreauthTimeout),
 			handshakeTimeout: orDefault(s.HandshakeTimeout, DefaultHandshakeTimeout),
 		}
+		s.ehloKeywords = []string{"PIPELINING", "SIZE " + strconv.FormatInt(s.lim.maxMessage, 10),
+			"8BITMIME", "ENHANCEDSTATUSCODES", "CHUNKING", "SMTPUTF8"}
 		s.srv = textconn.Server{
 			Name:       s.Mode.String(),
 			Handler:    s.handle,

@@ -34,25 +34,42 @@ func (l *Limiter) Acquire(ip netip.Addr) (release func(), ok bool) {
 	if l == nil {
 		return func() {}, true
 	}
+	t, ok := l.acquire(ip)
+	if !ok {
+		return nil, false
+	}
+	var once sync.Once
+	return func() { once.Do(func() { l.release(t) }) }, true
+}
+
+// ticket is an admitted connection's place in the Limiter's counts.
+type ticket struct {
+	key   netip.Addr
+	perIP bool // counted against key as well as the total
+}
+
+// acquire is Acquire without the release closure: the Server keeps the
+// ticket and calls release with it exactly once.
+func (l *Limiter) acquire(ip netip.Addr) (ticket, bool) {
+	if l == nil {
+		return ticket{}, true
+	}
 	key := PeerKey(ip)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.total > 0 && l.mu.n >= l.total {
-		return nil, false
+		return ticket{}, false
 	}
 	// Peers without an IP (unix sockets) count only against the total.
 	perIP := ip.IsValid()
 	if perIP && l.perIP > 0 && l.mu.byIP[key] >= l.perIP {
-		return nil, false
+		return ticket{}, false
 	}
 	l.mu.n++
-	if !perIP {
-		var once sync.Once
-		return func() { once.Do(l.releaseTotal) }, true
+	if perIP {
+		l.mu.byIP[key]++
 	}
-	l.mu.byIP[key]++
-	var once sync.Once
-	return func() { once.Do(func() { l.release(key) }) }, true
+	return ticket{key: key, perIP: perIP}, true
 }
 
 // Active returns the number of connections admitted and not yet released
@@ -66,20 +83,21 @@ func (l *Limiter) Active() int {
 	return l.mu.n
 }
 
-func (l *Limiter) releaseTotal() {
-	l.mu.Lock()
-	l.mu.n--
-	l.mu.Unlock()
-}
-
-func (l *Limiter) release(key netip.Addr) {
+// release gives back what acquire took; a nil Limiter has nothing.
+func (l *Limiter) release(t ticket) {
+	if l == nil {
+		return
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.mu.n--
-	if c := l.mu.byIP[key] - 1; c > 0 {
-		l.mu.byIP[key] = c
+	if !t.perIP {
+		return
+	}
+	if c := l.mu.byIP[t.key] - 1; c > 0 {
+		l.mu.byIP[t.key] = c
 	} else {
-		delete(l.mu.byIP, key)
+		delete(l.mu.byIP, t.key)
 	}
 }
 

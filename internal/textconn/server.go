@@ -8,6 +8,7 @@ import (
 	"net"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -36,8 +37,14 @@ type Server struct {
 	// it is closed, e.g. "421 4.7.0 Too many connections\r\n".
 	LimitReply string
 
-	wg sync.WaitGroup // one per connection goroutine and per Serve
-	mu struct {
+	wg sync.WaitGroup // one per worker goroutine and per Serve
+	// work hands an accepted connection to an idle worker (unbuffered: a
+	// send succeeds only when one is waiting); idle counts those waiting;
+	// done is closed when shutdown begins, and idle workers exit.
+	work chan accepted
+	idle atomic.Int32
+	done chan struct{}
+	mu   struct {
 		sync.Mutex
 		init      bool
 		ctx       context.Context
@@ -57,6 +64,8 @@ func (s *Server) initLocked() {
 	s.mu.init = true
 	s.mu.ctx, s.mu.cancel = context.WithCancel(context.Background())
 	s.mu.shutdown = make(chan struct{})
+	s.work = make(chan accepted)
+	s.done = s.mu.shutdown
 	s.mu.signal = newShutdownSignal()
 	shutdownSignals.Store((<-chan struct{})(s.mu.shutdown), s.mu.signal)
 	s.mu.listeners = make(map[net.Listener]struct{})
@@ -71,7 +80,8 @@ func (s *Server) logger() *slog.Logger {
 }
 
 // Serve accepts connections on ln until Shutdown or Close, serving each on
-// its own goroutine, and returns ErrServerClosed then. It closes ln.
+// a goroutine of its own (a worker that served an earlier connection, or a
+// new one), and returns ErrServerClosed then. It closes ln.
 func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Lock()
 	s.initLocked()
@@ -122,50 +132,98 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 }
 
+// maxIdleWorkers bounds the goroutines a Server keeps waiting for its next
+// connection. A goroutine serving a session grows its stack (the store's
+// lookups are deep); a new one per connection grew it anew every time
+// (runtime.copystack, about 3% of the server's CPU with one message per
+// SMTP connection), so a worker that has served a connection waits for
+// the next instead of exiting, unless this many already wait. An idle
+// worker holds only what the collector leaves of its stack.
+const maxIdleWorkers = 64
+
+// accepted is a connection handed to a worker with its Limiter verdict.
+type accepted struct {
+	nc       net.Conn
+	ticket   ticket // the Limiter's, if ok
+	ok       bool
+	ctx      context.Context
+	shutdown <-chan struct{}
+}
+
 func (s *Server) start(nc net.Conn) {
-	release, ok := s.Limiter.Acquire(addrPort(nc.RemoteAddr()).Addr())
+	t, ok := s.Limiter.acquire(addrPort(nc.RemoteAddr()).Addr())
 	s.mu.Lock()
 	if s.mu.closing {
 		s.mu.Unlock()
 		nc.Close()
 		if ok {
-			release()
+			s.Limiter.release(t)
 		}
 		return
 	}
 	s.mu.conns[nc] = struct{}{}
-	ctx, shutdown := s.mu.ctx, s.mu.shutdown
-	s.wg.Add(1)
+	a := accepted{nc: nc, ticket: t, ok: ok, ctx: s.mu.ctx, shutdown: s.mu.shutdown}
 	s.mu.Unlock()
 
-	go func() {
-		defer s.wg.Done()
-		defer func() {
-			s.mu.Lock()
-			delete(s.mu.conns, nc)
-			s.mu.Unlock()
-			nc.Close()
-		}()
-		if !ok {
-			s.Metrics.reject()
-			s.logger().Info("connection refused: limit reached", "listener", s.Name, "remote", nc.RemoteAddr().String())
-			if s.LimitReply != "" {
-				_ = nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
-				_, _ = nc.Write([]byte(s.LimitReply))
-			}
+	select {
+	case s.work <- a: // an idle worker took it
+	default:
+		// Serve holds a count on wg, so adding here cannot race with
+		// Shutdown's Wait.
+		s.wg.Add(1)
+		go s.worker(a)
+	}
+}
+
+// worker serves a, then each connection handed to it, until more than
+// maxIdleWorkers wait or the Server shuts down.
+func (s *Server) worker(a accepted) {
+	defer s.wg.Done()
+	for {
+		s.serveConn(a)
+		if s.idle.Add(1) > maxIdleWorkers {
+			s.idle.Add(-1)
 			return
 		}
-		defer release()
-		s.Metrics.opened()
-		defer s.Metrics.closed()
-		defer func() {
-			if r := recover(); r != nil {
-				s.logger().Error("panic serving connection", "listener", s.Name,
-					"remote", nc.RemoteAddr().String(), "panic", r, "stack", string(debug.Stack()))
-			}
-		}()
-		s.Handler(ctx, nc, shutdown)
+		select {
+		case a = <-s.work:
+			s.idle.Add(-1)
+		case <-s.done:
+			s.idle.Add(-1)
+			return
+		}
+	}
+}
+
+// serveConn runs the Handler on one connection (or refuses it for the
+// Limiter), recovering a panic, and closes it.
+func (s *Server) serveConn(a accepted) {
+	nc := a.nc
+	defer func() {
+		s.mu.Lock()
+		delete(s.mu.conns, nc)
+		s.mu.Unlock()
+		nc.Close()
 	}()
+	if !a.ok {
+		s.Metrics.reject()
+		s.logger().Info("connection refused: limit reached", "listener", s.Name, "remote", nc.RemoteAddr().String())
+		if s.LimitReply != "" {
+			_ = nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
+			_, _ = nc.Write([]byte(s.LimitReply))
+		}
+		return
+	}
+	defer s.Limiter.release(a.ticket)
+	s.Metrics.opened()
+	defer s.Metrics.closed()
+	defer func() {
+		if r := recover(); r != nil {
+			s.logger().Error("panic serving connection", "listener", s.Name,
+				"remote", nc.RemoteAddr().String(), "panic", r, "stack", string(debug.Stack()))
+		}
+	}()
+	s.Handler(a.ctx, nc, a.shutdown)
 }
 
 // Shutdown stops accepting, signals every connection to finish (idle ones

@@ -206,6 +206,10 @@ func (m *Manager) evictLocked() {
 	}
 }
 
+// Unwrap returns the engine beneath the manager, for the contracts an
+// engine provides beside store.Engine (store.Secrets, store.Ownership).
+func (m *Manager) Unwrap() store.Engine { return m.Engine }
+
 // userOf returns the user owning mailbox.
 func (m *Manager) userOf(ctx context.Context, mailbox store.ID) (string, error) {
 	m.mu.Lock()

@@ -290,6 +290,870 @@ func (x *DrainReply) GetLoad() *Load {
 	return nil
 }
 
+// NewMessage is a message to append (store.NewMessage), its body stored
+// before as blob.
+type NewMessage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Blob  []byte                 `protobuf:"bytes,1,opt,name=blob,proto3" json:"blob,omitempty"`
+	Size  int64                  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	Flags []string               `protobuf:"bytes,3,rep,name=flags,proto3" json:"flags,omitempty"`
+	// Nanoseconds since the Unix epoch, UTC.
+	InternalDate  int64  `protobuf:"varint,4,opt,name=internal_date,json=internalDate,proto3" json:"internal_date,omitempty"`
+	Meta          []byte `protobuf:"bytes,5,opt,name=meta,proto3" json:"meta,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NewMessage) Reset() {
+	*x = NewMessage{}
+	mi := &file_cluster_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NewMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NewMessage) ProtoMessage() {}
+
+func (x *NewMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NewMessage.ProtoReflect.Descriptor instead.
+func (*NewMessage) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *NewMessage) GetBlob() []byte {
+	if x != nil {
+		return x.Blob
+	}
+	return nil
+}
+
+func (x *NewMessage) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *NewMessage) GetFlags() []string {
+	if x != nil {
+		return x.Flags
+	}
+	return nil
+}
+
+func (x *NewMessage) GetInternalDate() int64 {
+	if x != nil {
+		return x.InternalDate
+	}
+	return 0
+}
+
+func (x *NewMessage) GetMeta() []byte {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
+// Message is a stored message (store.Message) without its Meta, which
+// the sender has.
+type Message struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Uid           uint32                 `protobuf:"varint,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	Modseq        uint64                 `protobuf:"varint,2,opt,name=modseq,proto3" json:"modseq,omitempty"`
+	Flags         []string               `protobuf:"bytes,3,rep,name=flags,proto3" json:"flags,omitempty"`
+	InternalDate  int64                  `protobuf:"varint,4,opt,name=internal_date,json=internalDate,proto3" json:"internal_date,omitempty"`
+	Size          int64                  `protobuf:"varint,5,opt,name=size,proto3" json:"size,omitempty"`
+	Blob          []byte                 `protobuf:"bytes,6,opt,name=blob,proto3" json:"blob,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Message) Reset() {
+	*x = Message{}
+	mi := &file_cluster_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Message) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Message) ProtoMessage() {}
+
+func (x *Message) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Message.ProtoReflect.Descriptor instead.
+func (*Message) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Message) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *Message) GetModseq() uint64 {
+	if x != nil {
+		return x.Modseq
+	}
+	return 0
+}
+
+func (x *Message) GetFlags() []string {
+	if x != nil {
+		return x.Flags
+	}
+	return nil
+}
+
+func (x *Message) GetInternalDate() int64 {
+	if x != nil {
+		return x.InternalDate
+	}
+	return 0
+}
+
+func (x *Message) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *Message) GetBlob() []byte {
+	if x != nil {
+		return x.Blob
+	}
+	return nil
+}
+
+type AppendRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The user whose mailbox it is: the receiver checks that it manages the
+	// user and that the mailbox is the user's.
+	User          string        `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	Mailbox       []byte        `protobuf:"bytes,2,opt,name=mailbox,proto3" json:"mailbox,omitempty"`
+	Messages      []*NewMessage `protobuf:"bytes,3,rep,name=messages,proto3" json:"messages,omitempty"`
+	CheckQuota    bool          `protobuf:"varint,4,opt,name=check_quota,json=checkQuota,proto3" json:"check_quota,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppendRequest) Reset() {
+	*x = AppendRequest{}
+	mi := &file_cluster_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppendRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppendRequest) ProtoMessage() {}
+
+func (x *AppendRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppendRequest.ProtoReflect.Descriptor instead.
+func (*AppendRequest) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *AppendRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *AppendRequest) GetMailbox() []byte {
+	if x != nil {
+		return x.Mailbox
+	}
+	return nil
+}
+
+func (x *AppendRequest) GetMessages() []*NewMessage {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+func (x *AppendRequest) GetCheckQuota() bool {
+	if x != nil {
+		return x.CheckQuota
+	}
+	return false
+}
+
+type AppendReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Messages      []*Message             `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
+	Load          *Load                  `protobuf:"bytes,2,opt,name=load,proto3" json:"load,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppendReply) Reset() {
+	*x = AppendReply{}
+	mi := &file_cluster_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppendReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppendReply) ProtoMessage() {}
+
+func (x *AppendReply) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppendReply.ProtoReflect.Descriptor instead.
+func (*AppendReply) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *AppendReply) GetMessages() []*Message {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+func (x *AppendReply) GetLoad() *Load {
+	if x != nil {
+		return x.Load
+	}
+	return nil
+}
+
+type SetFlagsRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	User    string                 `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	Mailbox []byte                 `protobuf:"bytes,2,opt,name=mailbox,proto3" json:"mailbox,omitempty"`
+	Uids    []uint32               `protobuf:"varint,3,rep,packed,name=uids,proto3" json:"uids,omitempty"`
+	// store.FlagOp: 0 replace, 1 add, 2 remove.
+	Op             uint32   `protobuf:"varint,4,opt,name=op,proto3" json:"op,omitempty"`
+	Flags          []string `protobuf:"bytes,5,rep,name=flags,proto3" json:"flags,omitempty"`
+	UnchangedSince uint64   `protobuf:"varint,6,opt,name=unchanged_since,json=unchangedSince,proto3" json:"unchanged_since,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *SetFlagsRequest) Reset() {
+	*x = SetFlagsRequest{}
+	mi := &file_cluster_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetFlagsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetFlagsRequest) ProtoMessage() {}
+
+func (x *SetFlagsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetFlagsRequest.ProtoReflect.Descriptor instead.
+func (*SetFlagsRequest) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SetFlagsRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *SetFlagsRequest) GetMailbox() []byte {
+	if x != nil {
+		return x.Mailbox
+	}
+	return nil
+}
+
+func (x *SetFlagsRequest) GetUids() []uint32 {
+	if x != nil {
+		return x.Uids
+	}
+	return nil
+}
+
+func (x *SetFlagsRequest) GetOp() uint32 {
+	if x != nil {
+		return x.Op
+	}
+	return 0
+}
+
+func (x *SetFlagsRequest) GetFlags() []string {
+	if x != nil {
+		return x.Flags
+	}
+	return nil
+}
+
+func (x *SetFlagsRequest) GetUnchangedSince() uint64 {
+	if x != nil {
+		return x.UnchangedSince
+	}
+	return 0
+}
+
+type SetFlagsReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Changed       []*Message             `protobuf:"bytes,1,rep,name=changed,proto3" json:"changed,omitempty"`
+	Failed        []uint32               `protobuf:"varint,2,rep,packed,name=failed,proto3" json:"failed,omitempty"`
+	Load          *Load                  `protobuf:"bytes,3,opt,name=load,proto3" json:"load,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetFlagsReply) Reset() {
+	*x = SetFlagsReply{}
+	mi := &file_cluster_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetFlagsReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetFlagsReply) ProtoMessage() {}
+
+func (x *SetFlagsReply) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetFlagsReply.ProtoReflect.Descriptor instead.
+func (*SetFlagsReply) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SetFlagsReply) GetChanged() []*Message {
+	if x != nil {
+		return x.Changed
+	}
+	return nil
+}
+
+func (x *SetFlagsReply) GetFailed() []uint32 {
+	if x != nil {
+		return x.Failed
+	}
+	return nil
+}
+
+func (x *SetFlagsReply) GetLoad() *Load {
+	if x != nil {
+		return x.Load
+	}
+	return nil
+}
+
+type ExpungeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	User          string                 `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	Mailbox       []byte                 `protobuf:"bytes,2,opt,name=mailbox,proto3" json:"mailbox,omitempty"`
+	Uids          []uint32               `protobuf:"varint,3,rep,packed,name=uids,proto3" json:"uids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExpungeRequest) Reset() {
+	*x = ExpungeRequest{}
+	mi := &file_cluster_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExpungeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExpungeRequest) ProtoMessage() {}
+
+func (x *ExpungeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExpungeRequest.ProtoReflect.Descriptor instead.
+func (*ExpungeRequest) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ExpungeRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *ExpungeRequest) GetMailbox() []byte {
+	if x != nil {
+		return x.Mailbox
+	}
+	return nil
+}
+
+func (x *ExpungeRequest) GetUids() []uint32 {
+	if x != nil {
+		return x.Uids
+	}
+	return nil
+}
+
+type ExpungeReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Expunged      []uint32               `protobuf:"varint,1,rep,packed,name=expunged,proto3" json:"expunged,omitempty"`
+	Modseq        uint64                 `protobuf:"varint,2,opt,name=modseq,proto3" json:"modseq,omitempty"`
+	Load          *Load                  `protobuf:"bytes,3,opt,name=load,proto3" json:"load,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExpungeReply) Reset() {
+	*x = ExpungeReply{}
+	mi := &file_cluster_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExpungeReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExpungeReply) ProtoMessage() {}
+
+func (x *ExpungeReply) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExpungeReply.ProtoReflect.Descriptor instead.
+func (*ExpungeReply) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ExpungeReply) GetExpunged() []uint32 {
+	if x != nil {
+		return x.Expunged
+	}
+	return nil
+}
+
+func (x *ExpungeReply) GetModseq() uint64 {
+	if x != nil {
+		return x.Modseq
+	}
+	return 0
+}
+
+func (x *ExpungeReply) GetLoad() *Load {
+	if x != nil {
+		return x.Load
+	}
+	return nil
+}
+
+type MoveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	User          string                 `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	From          []byte                 `protobuf:"bytes,2,opt,name=from,proto3" json:"from,omitempty"`
+	Uids          []uint32               `protobuf:"varint,3,rep,packed,name=uids,proto3" json:"uids,omitempty"`
+	To            []byte                 `protobuf:"bytes,4,opt,name=to,proto3" json:"to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveRequest) Reset() {
+	*x = MoveRequest{}
+	mi := &file_cluster_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveRequest) ProtoMessage() {}
+
+func (x *MoveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
+func (*MoveRequest) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *MoveRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *MoveRequest) GetFrom() []byte {
+	if x != nil {
+		return x.From
+	}
+	return nil
+}
+
+func (x *MoveRequest) GetUids() []uint32 {
+	if x != nil {
+		return x.Uids
+	}
+	return nil
+}
+
+func (x *MoveRequest) GetTo() []byte {
+	if x != nil {
+		return x.To
+	}
+	return nil
+}
+
+type MoveReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Src           []uint32               `protobuf:"varint,1,rep,packed,name=src,proto3" json:"src,omitempty"`
+	Dst           []uint32               `protobuf:"varint,2,rep,packed,name=dst,proto3" json:"dst,omitempty"`
+	Load          *Load                  `protobuf:"bytes,3,opt,name=load,proto3" json:"load,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveReply) Reset() {
+	*x = MoveReply{}
+	mi := &file_cluster_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveReply) ProtoMessage() {}
+
+func (x *MoveReply) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveReply.ProtoReflect.Descriptor instead.
+func (*MoveReply) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *MoveReply) GetSrc() []uint32 {
+	if x != nil {
+		return x.Src
+	}
+	return nil
+}
+
+func (x *MoveReply) GetDst() []uint32 {
+	if x != nil {
+		return x.Dst
+	}
+	return nil
+}
+
+func (x *MoveReply) GetLoad() *Load {
+	if x != nil {
+		return x.Load
+	}
+	return nil
+}
+
+type DeleteMailboxRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	User          string                 `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteMailboxRequest) Reset() {
+	*x = DeleteMailboxRequest{}
+	mi := &file_cluster_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteMailboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteMailboxRequest) ProtoMessage() {}
+
+func (x *DeleteMailboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteMailboxRequest.ProtoReflect.Descriptor instead.
+func (*DeleteMailboxRequest) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *DeleteMailboxRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *DeleteMailboxRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DeleteMailboxReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Load          *Load                  `protobuf:"bytes,1,opt,name=load,proto3" json:"load,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteMailboxReply) Reset() {
+	*x = DeleteMailboxReply{}
+	mi := &file_cluster_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteMailboxReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteMailboxReply) ProtoMessage() {}
+
+func (x *DeleteMailboxReply) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteMailboxReply.ProtoReflect.Descriptor instead.
+func (*DeleteMailboxReply) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *DeleteMailboxReply) GetLoad() *Load {
+	if x != nil {
+		return x.Load
+	}
+	return nil
+}
+
+type DeleteUserRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	User          string                 `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteUserRequest) Reset() {
+	*x = DeleteUserRequest{}
+	mi := &file_cluster_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteUserRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteUserRequest) ProtoMessage() {}
+
+func (x *DeleteUserRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteUserRequest.ProtoReflect.Descriptor instead.
+func (*DeleteUserRequest) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *DeleteUserRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+type DeleteUserReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Load          *Load                  `protobuf:"bytes,1,opt,name=load,proto3" json:"load,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteUserReply) Reset() {
+	*x = DeleteUserReply{}
+	mi := &file_cluster_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteUserReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteUserReply) ProtoMessage() {}
+
+func (x *DeleteUserReply) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteUserReply.ProtoReflect.Descriptor instead.
+func (*DeleteUserReply) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *DeleteUserReply) GetLoad() *Load {
+	if x != nil {
+		return x.Load
+	}
+	return nil
+}
+
 var File_cluster_proto protoreflect.FileDescriptor
 
 const file_cluster_proto_rawDesc = "" +
@@ -309,10 +1173,77 @@ const file_cluster_proto_rawDesc = "" +
 	"\n" +
 	"DrainReply\x12\x14\n" +
 	"\x05state\x18\x01 \x01(\tR\x05state\x12*\n" +
-	"\x04load\x18\x02 \x01(\v2\x16.quill.cluster.v1.LoadR\x04load2\x97\x01\n" +
+	"\x04load\x18\x02 \x01(\v2\x16.quill.cluster.v1.LoadR\x04load\"\x83\x01\n" +
+	"\n" +
+	"NewMessage\x12\x12\n" +
+	"\x04blob\x18\x01 \x01(\fR\x04blob\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x14\n" +
+	"\x05flags\x18\x03 \x03(\tR\x05flags\x12#\n" +
+	"\rinternal_date\x18\x04 \x01(\x03R\finternalDate\x12\x12\n" +
+	"\x04meta\x18\x05 \x01(\fR\x04meta\"\x96\x01\n" +
+	"\aMessage\x12\x10\n" +
+	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x16\n" +
+	"\x06modseq\x18\x02 \x01(\x04R\x06modseq\x12\x14\n" +
+	"\x05flags\x18\x03 \x03(\tR\x05flags\x12#\n" +
+	"\rinternal_date\x18\x04 \x01(\x03R\finternalDate\x12\x12\n" +
+	"\x04size\x18\x05 \x01(\x03R\x04size\x12\x12\n" +
+	"\x04blob\x18\x06 \x01(\fR\x04blob\"\x98\x01\n" +
+	"\rAppendRequest\x12\x12\n" +
+	"\x04user\x18\x01 \x01(\tR\x04user\x12\x18\n" +
+	"\amailbox\x18\x02 \x01(\fR\amailbox\x128\n" +
+	"\bmessages\x18\x03 \x03(\v2\x1c.quill.cluster.v1.NewMessageR\bmessages\x12\x1f\n" +
+	"\vcheck_quota\x18\x04 \x01(\bR\n" +
+	"checkQuota\"p\n" +
+	"\vAppendReply\x125\n" +
+	"\bmessages\x18\x01 \x03(\v2\x19.quill.cluster.v1.MessageR\bmessages\x12*\n" +
+	"\x04load\x18\x02 \x01(\v2\x16.quill.cluster.v1.LoadR\x04load\"\xa2\x01\n" +
+	"\x0fSetFlagsRequest\x12\x12\n" +
+	"\x04user\x18\x01 \x01(\tR\x04user\x12\x18\n" +
+	"\amailbox\x18\x02 \x01(\fR\amailbox\x12\x12\n" +
+	"\x04uids\x18\x03 \x03(\rR\x04uids\x12\x0e\n" +
+	"\x02op\x18\x04 \x01(\rR\x02op\x12\x14\n" +
+	"\x05flags\x18\x05 \x03(\tR\x05flags\x12'\n" +
+	"\x0funchanged_since\x18\x06 \x01(\x04R\x0eunchangedSince\"\x88\x01\n" +
+	"\rSetFlagsReply\x123\n" +
+	"\achanged\x18\x01 \x03(\v2\x19.quill.cluster.v1.MessageR\achanged\x12\x16\n" +
+	"\x06failed\x18\x02 \x03(\rR\x06failed\x12*\n" +
+	"\x04load\x18\x03 \x01(\v2\x16.quill.cluster.v1.LoadR\x04load\"R\n" +
+	"\x0eExpungeRequest\x12\x12\n" +
+	"\x04user\x18\x01 \x01(\tR\x04user\x12\x18\n" +
+	"\amailbox\x18\x02 \x01(\fR\amailbox\x12\x12\n" +
+	"\x04uids\x18\x03 \x03(\rR\x04uids\"n\n" +
+	"\fExpungeReply\x12\x1a\n" +
+	"\bexpunged\x18\x01 \x03(\rR\bexpunged\x12\x16\n" +
+	"\x06modseq\x18\x02 \x01(\x04R\x06modseq\x12*\n" +
+	"\x04load\x18\x03 \x01(\v2\x16.quill.cluster.v1.LoadR\x04load\"Y\n" +
+	"\vMoveRequest\x12\x12\n" +
+	"\x04user\x18\x01 \x01(\tR\x04user\x12\x12\n" +
+	"\x04from\x18\x02 \x01(\fR\x04from\x12\x12\n" +
+	"\x04uids\x18\x03 \x03(\rR\x04uids\x12\x0e\n" +
+	"\x02to\x18\x04 \x01(\fR\x02to\"[\n" +
+	"\tMoveReply\x12\x10\n" +
+	"\x03src\x18\x01 \x03(\rR\x03src\x12\x10\n" +
+	"\x03dst\x18\x02 \x03(\rR\x03dst\x12*\n" +
+	"\x04load\x18\x03 \x01(\v2\x16.quill.cluster.v1.LoadR\x04load\">\n" +
+	"\x14DeleteMailboxRequest\x12\x12\n" +
+	"\x04user\x18\x01 \x01(\tR\x04user\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"@\n" +
+	"\x12DeleteMailboxReply\x12*\n" +
+	"\x04load\x18\x01 \x01(\v2\x16.quill.cluster.v1.LoadR\x04load\"'\n" +
+	"\x11DeleteUserRequest\x12\x12\n" +
+	"\x04user\x18\x01 \x01(\tR\x04user\"=\n" +
+	"\x0fDeleteUserReply\x12*\n" +
+	"\x04load\x18\x01 \x01(\v2\x16.quill.cluster.v1.LoadR\x04load2\xf7\x04\n" +
 	"\x04Node\x12H\n" +
 	"\x06Status\x12\x1f.quill.cluster.v1.StatusRequest\x1a\x1d.quill.cluster.v1.StatusReply\x12E\n" +
-	"\x05Drain\x12\x1e.quill.cluster.v1.DrainRequest\x1a\x1c.quill.cluster.v1.DrainReplyB\"Z quill/internal/cluster/clusterpbb\x06proto3"
+	"\x05Drain\x12\x1e.quill.cluster.v1.DrainRequest\x1a\x1c.quill.cluster.v1.DrainReply\x12H\n" +
+	"\x06Append\x12\x1f.quill.cluster.v1.AppendRequest\x1a\x1d.quill.cluster.v1.AppendReply\x12N\n" +
+	"\bSetFlags\x12!.quill.cluster.v1.SetFlagsRequest\x1a\x1f.quill.cluster.v1.SetFlagsReply\x12K\n" +
+	"\aExpunge\x12 .quill.cluster.v1.ExpungeRequest\x1a\x1e.quill.cluster.v1.ExpungeReply\x12B\n" +
+	"\x04Move\x12\x1d.quill.cluster.v1.MoveRequest\x1a\x1b.quill.cluster.v1.MoveReply\x12]\n" +
+	"\rDeleteMailbox\x12&.quill.cluster.v1.DeleteMailboxRequest\x1a$.quill.cluster.v1.DeleteMailboxReply\x12T\n" +
+	"\n" +
+	"DeleteUser\x12#.quill.cluster.v1.DeleteUserRequest\x1a!.quill.cluster.v1.DeleteUserReplyB\"Z quill/internal/cluster/clusterpbb\x06proto3"
 
 var (
 	file_cluster_proto_rawDescOnce sync.Once
@@ -326,26 +1257,61 @@ func file_cluster_proto_rawDescGZIP() []byte {
 	return file_cluster_proto_rawDescData
 }
 
-var file_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_cluster_proto_goTypes = []any{
-	(*Load)(nil),          // 0: quill.cluster.v1.Load
-	(*StatusRequest)(nil), // 1: quill.cluster.v1.StatusRequest
-	(*StatusReply)(nil),   // 2: quill.cluster.v1.StatusReply
-	(*DrainRequest)(nil),  // 3: quill.cluster.v1.DrainRequest
-	(*DrainReply)(nil),    // 4: quill.cluster.v1.DrainReply
+	(*Load)(nil),                 // 0: quill.cluster.v1.Load
+	(*StatusRequest)(nil),        // 1: quill.cluster.v1.StatusRequest
+	(*StatusReply)(nil),          // 2: quill.cluster.v1.StatusReply
+	(*DrainRequest)(nil),         // 3: quill.cluster.v1.DrainRequest
+	(*DrainReply)(nil),           // 4: quill.cluster.v1.DrainReply
+	(*NewMessage)(nil),           // 5: quill.cluster.v1.NewMessage
+	(*Message)(nil),              // 6: quill.cluster.v1.Message
+	(*AppendRequest)(nil),        // 7: quill.cluster.v1.AppendRequest
+	(*AppendReply)(nil),          // 8: quill.cluster.v1.AppendReply
+	(*SetFlagsRequest)(nil),      // 9: quill.cluster.v1.SetFlagsRequest
+	(*SetFlagsReply)(nil),        // 10: quill.cluster.v1.SetFlagsReply
+	(*ExpungeRequest)(nil),       // 11: quill.cluster.v1.ExpungeRequest
+	(*ExpungeReply)(nil),         // 12: quill.cluster.v1.ExpungeReply
+	(*MoveRequest)(nil),          // 13: quill.cluster.v1.MoveRequest
+	(*MoveReply)(nil),            // 14: quill.cluster.v1.MoveReply
+	(*DeleteMailboxRequest)(nil), // 15: quill.cluster.v1.DeleteMailboxRequest
+	(*DeleteMailboxReply)(nil),   // 16: quill.cluster.v1.DeleteMailboxReply
+	(*DeleteUserRequest)(nil),    // 17: quill.cluster.v1.DeleteUserRequest
+	(*DeleteUserReply)(nil),      // 18: quill.cluster.v1.DeleteUserReply
 }
 var file_cluster_proto_depIdxs = []int32{
-	0, // 0: quill.cluster.v1.StatusReply.load:type_name -> quill.cluster.v1.Load
-	0, // 1: quill.cluster.v1.DrainReply.load:type_name -> quill.cluster.v1.Load
-	1, // 2: quill.cluster.v1.Node.Status:input_type -> quill.cluster.v1.StatusRequest
-	3, // 3: quill.cluster.v1.Node.Drain:input_type -> quill.cluster.v1.DrainRequest
-	2, // 4: quill.cluster.v1.Node.Status:output_type -> quill.cluster.v1.StatusReply
-	4, // 5: quill.cluster.v1.Node.Drain:output_type -> quill.cluster.v1.DrainReply
-	4, // [4:6] is the sub-list for method output_type
-	2, // [2:4] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	0,  // 0: quill.cluster.v1.StatusReply.load:type_name -> quill.cluster.v1.Load
+	0,  // 1: quill.cluster.v1.DrainReply.load:type_name -> quill.cluster.v1.Load
+	5,  // 2: quill.cluster.v1.AppendRequest.messages:type_name -> quill.cluster.v1.NewMessage
+	6,  // 3: quill.cluster.v1.AppendReply.messages:type_name -> quill.cluster.v1.Message
+	0,  // 4: quill.cluster.v1.AppendReply.load:type_name -> quill.cluster.v1.Load
+	6,  // 5: quill.cluster.v1.SetFlagsReply.changed:type_name -> quill.cluster.v1.Message
+	0,  // 6: quill.cluster.v1.SetFlagsReply.load:type_name -> quill.cluster.v1.Load
+	0,  // 7: quill.cluster.v1.ExpungeReply.load:type_name -> quill.cluster.v1.Load
+	0,  // 8: quill.cluster.v1.MoveReply.load:type_name -> quill.cluster.v1.Load
+	0,  // 9: quill.cluster.v1.DeleteMailboxReply.load:type_name -> quill.cluster.v1.Load
+	0,  // 10: quill.cluster.v1.DeleteUserReply.load:type_name -> quill.cluster.v1.Load
+	1,  // 11: quill.cluster.v1.Node.Status:input_type -> quill.cluster.v1.StatusRequest
+	3,  // 12: quill.cluster.v1.Node.Drain:input_type -> quill.cluster.v1.DrainRequest
+	7,  // 13: quill.cluster.v1.Node.Append:input_type -> quill.cluster.v1.AppendRequest
+	9,  // 14: quill.cluster.v1.Node.SetFlags:input_type -> quill.cluster.v1.SetFlagsRequest
+	11, // 15: quill.cluster.v1.Node.Expunge:input_type -> quill.cluster.v1.ExpungeRequest
+	13, // 16: quill.cluster.v1.Node.Move:input_type -> quill.cluster.v1.MoveRequest
+	15, // 17: quill.cluster.v1.Node.DeleteMailbox:input_type -> quill.cluster.v1.DeleteMailboxRequest
+	17, // 18: quill.cluster.v1.Node.DeleteUser:input_type -> quill.cluster.v1.DeleteUserRequest
+	2,  // 19: quill.cluster.v1.Node.Status:output_type -> quill.cluster.v1.StatusReply
+	4,  // 20: quill.cluster.v1.Node.Drain:output_type -> quill.cluster.v1.DrainReply
+	8,  // 21: quill.cluster.v1.Node.Append:output_type -> quill.cluster.v1.AppendReply
+	10, // 22: quill.cluster.v1.Node.SetFlags:output_type -> quill.cluster.v1.SetFlagsReply
+	12, // 23: quill.cluster.v1.Node.Expunge:output_type -> quill.cluster.v1.ExpungeReply
+	14, // 24: quill.cluster.v1.Node.Move:output_type -> quill.cluster.v1.MoveReply
+	16, // 25: quill.cluster.v1.Node.DeleteMailbox:output_type -> quill.cluster.v1.DeleteMailboxReply
+	18, // 26: quill.cluster.v1.Node.DeleteUser:output_type -> quill.cluster.v1.DeleteUserReply
+	19, // [19:27] is the sub-list for method output_type
+	11, // [11:19] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_cluster_proto_init() }
@@ -359,7 +1325,7 @@ func file_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cluster_proto_rawDesc), len(file_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

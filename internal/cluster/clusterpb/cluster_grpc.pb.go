@@ -29,8 +29,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Node_Status_FullMethodName = "/quill.cluster.v1.Node/Status"
-	Node_Drain_FullMethodName  = "/quill.cluster.v1.Node/Drain"
+	Node_Status_FullMethodName        = "/quill.cluster.v1.Node/Status"
+	Node_Drain_FullMethodName         = "/quill.cluster.v1.Node/Drain"
+	Node_Append_FullMethodName        = "/quill.cluster.v1.Node/Append"
+	Node_SetFlags_FullMethodName      = "/quill.cluster.v1.Node/SetFlags"
+	Node_Expunge_FullMethodName       = "/quill.cluster.v1.Node/Expunge"
+	Node_Move_FullMethodName          = "/quill.cluster.v1.Node/Move"
+	Node_DeleteMailbox_FullMethodName = "/quill.cluster.v1.Node/DeleteMailbox"
+	Node_DeleteUser_FullMethodName    = "/quill.cluster.v1.Node/DeleteUser"
 )
 
 // NodeClient is the client API for Node service.
@@ -43,6 +49,21 @@ type NodeClient interface {
 	// Drain marks the node draining (or no longer) in membership: the user
 	// map then assigns it no buckets.
 	Drain(ctx context.Context, in *DrainRequest, opts ...grpc.CallOption) (*DrainReply, error)
+	// Forwarded mailbox writes (docs/adr/0027): a node serving a session of
+	// a user it does not manage sends the user's mailbox writes to the
+	// user's manager, which applies them through its user manager as if they
+	// were its own. Bodies were stored by the sender (PutBlob): only their
+	// blob IDs travel. A node that does not manage the user now answers
+	// FAILED_PRECONDITION having applied nothing (the sender asks its own
+	// view again and retries); UNAVAILABLE means nothing was kept either.
+	// Other codes are the store's errors: NOT_FOUND, ALREADY_EXISTS,
+	// RESOURCE_EXHAUSTED (over quota), ABORTED (conflict), INVALID_ARGUMENT.
+	Append(ctx context.Context, in *AppendRequest, opts ...grpc.CallOption) (*AppendReply, error)
+	SetFlags(ctx context.Context, in *SetFlagsRequest, opts ...grpc.CallOption) (*SetFlagsReply, error)
+	Expunge(ctx context.Context, in *ExpungeRequest, opts ...grpc.CallOption) (*ExpungeReply, error)
+	Move(ctx context.Context, in *MoveRequest, opts ...grpc.CallOption) (*MoveReply, error)
+	DeleteMailbox(ctx context.Context, in *DeleteMailboxRequest, opts ...grpc.CallOption) (*DeleteMailboxReply, error)
+	DeleteUser(ctx context.Context, in *DeleteUserRequest, opts ...grpc.CallOption) (*DeleteUserReply, error)
 }
 
 type nodeClient struct {
@@ -73,6 +94,66 @@ func (c *nodeClient) Drain(ctx context.Context, in *DrainRequest, opts ...grpc.C
 	return out, nil
 }
 
+func (c *nodeClient) Append(ctx context.Context, in *AppendRequest, opts ...grpc.CallOption) (*AppendReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AppendReply)
+	err := c.cc.Invoke(ctx, Node_Append_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodeClient) SetFlags(ctx context.Context, in *SetFlagsRequest, opts ...grpc.CallOption) (*SetFlagsReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetFlagsReply)
+	err := c.cc.Invoke(ctx, Node_SetFlags_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodeClient) Expunge(ctx context.Context, in *ExpungeRequest, opts ...grpc.CallOption) (*ExpungeReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ExpungeReply)
+	err := c.cc.Invoke(ctx, Node_Expunge_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodeClient) Move(ctx context.Context, in *MoveRequest, opts ...grpc.CallOption) (*MoveReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MoveReply)
+	err := c.cc.Invoke(ctx, Node_Move_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodeClient) DeleteMailbox(ctx context.Context, in *DeleteMailboxRequest, opts ...grpc.CallOption) (*DeleteMailboxReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteMailboxReply)
+	err := c.cc.Invoke(ctx, Node_DeleteMailbox_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodeClient) DeleteUser(ctx context.Context, in *DeleteUserRequest, opts ...grpc.CallOption) (*DeleteUserReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteUserReply)
+	err := c.cc.Invoke(ctx, Node_DeleteUser_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeServer is the server API for Node service.
 // All implementations must embed UnimplementedNodeServer
 // for forward compatibility.
@@ -83,6 +164,21 @@ type NodeServer interface {
 	// Drain marks the node draining (or no longer) in membership: the user
 	// map then assigns it no buckets.
 	Drain(context.Context, *DrainRequest) (*DrainReply, error)
+	// Forwarded mailbox writes (docs/adr/0027): a node serving a session of
+	// a user it does not manage sends the user's mailbox writes to the
+	// user's manager, which applies them through its user manager as if they
+	// were its own. Bodies were stored by the sender (PutBlob): only their
+	// blob IDs travel. A node that does not manage the user now answers
+	// FAILED_PRECONDITION having applied nothing (the sender asks its own
+	// view again and retries); UNAVAILABLE means nothing was kept either.
+	// Other codes are the store's errors: NOT_FOUND, ALREADY_EXISTS,
+	// RESOURCE_EXHAUSTED (over quota), ABORTED (conflict), INVALID_ARGUMENT.
+	Append(context.Context, *AppendRequest) (*AppendReply, error)
+	SetFlags(context.Context, *SetFlagsRequest) (*SetFlagsReply, error)
+	Expunge(context.Context, *ExpungeRequest) (*ExpungeReply, error)
+	Move(context.Context, *MoveRequest) (*MoveReply, error)
+	DeleteMailbox(context.Context, *DeleteMailboxRequest) (*DeleteMailboxReply, error)
+	DeleteUser(context.Context, *DeleteUserRequest) (*DeleteUserReply, error)
 	mustEmbedUnimplementedNodeServer()
 }
 
@@ -98,6 +194,24 @@ func (UnimplementedNodeServer) Status(context.Context, *StatusRequest) (*StatusR
 }
 func (UnimplementedNodeServer) Drain(context.Context, *DrainRequest) (*DrainReply, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Drain not implemented")
+}
+func (UnimplementedNodeServer) Append(context.Context, *AppendRequest) (*AppendReply, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Append not implemented")
+}
+func (UnimplementedNodeServer) SetFlags(context.Context, *SetFlagsRequest) (*SetFlagsReply, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetFlags not implemented")
+}
+func (UnimplementedNodeServer) Expunge(context.Context, *ExpungeRequest) (*ExpungeReply, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Expunge not implemented")
+}
+func (UnimplementedNodeServer) Move(context.Context, *MoveRequest) (*MoveReply, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Move not implemented")
+}
+func (UnimplementedNodeServer) DeleteMailbox(context.Context, *DeleteMailboxRequest) (*DeleteMailboxReply, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method DeleteMailbox not implemented")
+}
+func (UnimplementedNodeServer) DeleteUser(context.Context, *DeleteUserRequest) (*DeleteUserReply, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method DeleteUser not implemented")
 }
 func (UnimplementedNodeServer) mustEmbedUnimplementedNodeServer() {}
 func (UnimplementedNodeServer) testEmbeddedByValue()              {}
@@ -156,6 +270,114 @@ func _Node_Drain_Handler(srv interface{}, ctx context.Context, dec func(interfac
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Node_Append_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AppendRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).Append(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_Append_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).Append(ctx, req.(*AppendRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Node_SetFlags_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetFlagsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).SetFlags(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_SetFlags_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).SetFlags(ctx, req.(*SetFlagsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Node_Expunge_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ExpungeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).Expunge(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_Expunge_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).Expunge(ctx, req.(*ExpungeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Node_Move_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MoveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).Move(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_Move_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).Move(ctx, req.(*MoveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Node_DeleteMailbox_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteMailboxRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).DeleteMailbox(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_DeleteMailbox_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).DeleteMailbox(ctx, req.(*DeleteMailboxRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Node_DeleteUser_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteUserRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).DeleteUser(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_DeleteUser_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).DeleteUser(ctx, req.(*DeleteUserRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Node_ServiceDesc is the grpc.ServiceDesc for Node service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -170,6 +392,30 @@ var Node_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Drain",
 			Handler:    _Node_Drain_Handler,
+		},
+		{
+			MethodName: "Append",
+			Handler:    _Node_Append_Handler,
+		},
+		{
+			MethodName: "SetFlags",
+			Handler:    _Node_SetFlags_Handler,
+		},
+		{
+			MethodName: "Expunge",
+			Handler:    _Node_Expunge_Handler,
+		},
+		{
+			MethodName: "Move",
+			Handler:    _Node_Move_Handler,
+		},
+		{
+			MethodName: "DeleteMailbox",
+			Handler:    _Node_DeleteMailbox_Handler,
+		},
+		{
+			MethodName: "DeleteUser",
+			Handler:    _Node_DeleteUser_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -157,7 +157,7 @@ func TestConformance(t *testing.T) {
 	if off {
 		t.Skip("QUILL_CASSANDRA=off")
 	}
-	const subtests = 18 // storetest.Run's subtests; more are created on demand
+	const subtests = 19 // storetest.Run's subtests; more are created on demand
 	ctx, cancel := context.WithCancel(context.Background())
 	warm := make(chan string, 2)
 	var wg sync.WaitGroup

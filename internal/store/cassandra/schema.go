@@ -108,6 +108,19 @@ var migrations = [][]string{
 		`CREATE TABLE IF NOT EXISTS secrets (
 			name text PRIMARY KEY, value blob, created timestamp)`,
 	},
+	5: {
+		// cluster_maps holds store.Ownership's map epochs (ownership.go),
+		// one row per epoch in one partition, each inserted once by an
+		// LWT and never changed; members is JSON.
+		`CREATE TABLE IF NOT EXISTS cluster_maps (
+			k int, epoch bigint, members blob, proposed timestamp,
+			PRIMARY KEY (k, epoch))`,
+		// node_leases holds one lease row per node, in one partition,
+		// written with ordinary writes by its node only.
+		`CREATE TABLE IF NOT EXISTS node_leases (
+			k int, node text, adopted bigint, renewal bigint, released boolean,
+			PRIMARY KEY (k, node))`,
+	},
 }
 
 func createKeyspace(ctx context.Context, s *gocql.Session, keyspace string, repl map[string]string) error {

@@ -145,6 +145,7 @@ type Engine struct {
 	fence   map[store.ID]store.Mailbox // mailboxes in the group being synced, pre-group state
 
 	drops maildropLocks // POP3 maildrop leases (maildrop.go)
+	owner ownership     // cluster map epochs and node leases (ownership.go)
 
 	commitLatency prometheus.Histogram
 	groupSize     prometheus.Histogram

@@ -47,6 +47,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"ConcurrentAppendOrder", testConcurrentAppend},
 		{"MaildropLease", testMaildropLease},
 		{"Secrets", testSecrets},
+		{"Ownership", testOwnership},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -967,7 +968,7 @@ func testMaildropLease(t *testing.T, s store.Store) {
 // is written once; of concurrent creators exactly one wins and every
 // reader then sees its value; names and values are bounded.
 func testSecrets(t *testing.T, s store.Store) {
-	sec, ok := s.(store.Secrets)
+	sec, ok := beneath(s).(store.Secrets)
 	if !ok {
 		t.Fatalf("%T does not implement store.Secrets", s)
 	}
@@ -1031,4 +1032,122 @@ func testSecrets(t *testing.T, s store.Store) {
 	if want := fmt.Sprintf("racer %d", winners[0]); err != nil || string(got) != want {
 		t.Fatalf("GetSecret after the race = %q, %v; want the winner's %q", got, err, want)
 	}
+}
+
+// beneath returns the engine under s when s is a user manager over one
+// (usermgr.Manager.Unwrap): the contracts beside Store (Secrets,
+// Ownership) are the engine's, which the manager does not pass through.
+func beneath(s store.Store) any {
+	if u, ok := s.(interface{ Unwrap() store.Engine }); ok {
+		return u.Unwrap()
+	}
+	return s
+}
+
+// testOwnership checks store.Ownership, which every engine implements:
+// each epoch's map is stored once, by exactly one of concurrent
+// proposers, and read back as proposed; the latest is the highest epoch;
+// lease rows are each node's last write.
+func testOwnership(t *testing.T, s store.Store) {
+	own, ok := beneath(s).(store.Ownership)
+	if !ok {
+		t.Fatalf("%T does not implement store.Ownership", s)
+	}
+	_, err := own.LatestClusterMap(ctx())
+	wantErr(t, "LatestClusterMap of an empty store", err, store.ErrNotFound)
+	_, err = own.ClusterMapAt(ctx(), 1)
+	wantErr(t, "ClusterMapAt(1) of an empty store", err, store.ErrNotFound)
+
+	one := store.ClusterMap{Epoch: 1, Members: []store.MapMember{{ID: "node-a", Weight: 100}}}
+	if err := own.ProposeClusterMap(ctx(), one); err != nil {
+		t.Fatalf("ProposeClusterMap(1): %v", err)
+	}
+	other := store.ClusterMap{Epoch: 1, Members: []store.MapMember{{ID: "node-b", Weight: 100}}}
+	wantErr(t, "ProposeClusterMap of a taken epoch", own.ProposeClusterMap(ctx(), other), store.ErrExists)
+	two := store.ClusterMap{Epoch: 2, Members: []store.MapMember{
+		{ID: "node-a", Weight: 100}, {ID: "node-b", Weight: 50, Draining: true}}}
+	if err := own.ProposeClusterMap(ctx(), two); err != nil {
+		t.Fatalf("ProposeClusterMap(2): %v", err)
+	}
+	sameMap := func(what string, got store.ClusterMap, err error, want store.ClusterMap) {
+		t.Helper()
+		if err != nil || got.Epoch != want.Epoch || !slices.Equal(got.Members, want.Members) {
+			t.Fatalf("%s = %+v, %v; want %+v", what, got, err, want)
+		}
+	}
+	got, err := own.LatestClusterMap(ctx())
+	sameMap("LatestClusterMap", got, err, two)
+	got, err = own.ClusterMapAt(ctx(), 1)
+	sameMap("ClusterMapAt(1)", got, err, one)
+	got.Members[0].ID = "changed" // the caller's copy
+	got, err = own.ClusterMapAt(ctx(), 1)
+	sameMap("ClusterMapAt(1) after changing a copy", got, err, one)
+
+	for _, bad := range []store.ClusterMap{
+		{Epoch: 0, Members: one.Members},
+		{Epoch: store.MaxEpoch, Members: one.Members},
+		{Epoch: 3},
+		{Epoch: 3, Members: []store.MapMember{{ID: ""}}},
+		{Epoch: 3, Members: []store.MapMember{{ID: "with space"}}},
+		{Epoch: 3, Members: []store.MapMember{{ID: "a"}, {ID: "a"}}},
+	} {
+		wantErr(t, fmt.Sprintf("ProposeClusterMap(%+v)", bad), own.ProposeClusterMap(ctx(), bad), store.ErrInvalid)
+	}
+
+	// Concurrent proposers of one epoch: exactly one wins, and its map is
+	// the one read.
+	const racers = 6
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		winners []int
+	)
+	for i := 0; i < racers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m := store.ClusterMap{Epoch: 3, Members: []store.MapMember{{ID: fmt.Sprintf("racer-%d", i), Weight: 1}}}
+			switch err := own.ProposeClusterMap(ctx(), m); {
+			case err == nil:
+				mu.Lock()
+				winners = append(winners, i)
+				mu.Unlock()
+			case !errors.Is(err, store.ErrExists):
+				t.Errorf("racer %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(winners) != 1 {
+		t.Fatalf("%d concurrent proposals of epoch 3 succeeded (%v), want exactly 1", len(winners), winners)
+	}
+	got, err = own.LatestClusterMap(ctx())
+	if want := fmt.Sprintf("racer-%d", winners[0]); err != nil || got.Epoch != 3 || len(got.Members) != 1 || got.Members[0].ID != want {
+		t.Fatalf("LatestClusterMap after the race = %+v, %v; want epoch 3 of %s", got, err, want)
+	}
+
+	// Leases: each node's last write.
+	if ls, err := own.NodeLeases(ctx()); err != nil || len(ls) != 0 {
+		t.Fatalf("NodeLeases of no node = %v, %v", ls, err)
+	}
+	for i, l := range []store.NodeLease{
+		{Node: "node-a", Adopted: 1, Renewal: 10},
+		{Node: "node-b", Adopted: 2, Renewal: 7},
+		{Node: "node-a", Adopted: 2, Renewal: 11},
+		{Node: "node-b", Adopted: 2, Renewal: 8, Released: true},
+	} {
+		if err := own.PutNodeLease(ctx(), l); err != nil {
+			t.Fatalf("PutNodeLease #%d: %v", i, err)
+		}
+	}
+	ls, err := own.NodeLeases(ctx())
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(ls, func(a, b store.NodeLease) int { return strings.Compare(a.Node, b.Node) })
+	want := []store.NodeLease{{Node: "node-a", Adopted: 2, Renewal: 11}, {Node: "node-b", Adopted: 2, Renewal: 8, Released: true}}
+	if !slices.Equal(ls, want) {
+		t.Fatalf("NodeLeases = %+v, want %+v", ls, want)
+	}
+	wantErr(t, "PutNodeLease without a node", own.PutNodeLease(ctx(), store.NodeLease{Adopted: 1}), store.ErrInvalid)
 }

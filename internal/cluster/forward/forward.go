@@ -1,0 +1,401 @@
+// Package forward sends each user's mailbox writes to the user's manager
+// (docs/adr/0027; the cluster issue's item 5). Store is the store.Store a
+// clustered node's front ends and services use: reads, the directory and
+// blobs go straight to the local store; a mailbox write (Append, SetFlags,
+// Expunge, Move, DeleteMailbox, DeleteUser) goes to the local user manager
+// when this node manages the user now (ownership.Owner.Begin), and
+// otherwise to the manager node over the cluster's RPC channel, where
+// Handler applies it through that node's own user manager. Bodies never
+// travel: an inline body is stored here first (PutBlob) and only its blob
+// ID is sent.
+//
+// A write the manager refused without applying it (it no longer manages
+// the user, its bucket is in handoff, the connection could not be made)
+// is retried against the newest view of who manages the user until
+// Options.Timeout; then it fails with ErrManagerUnreachable, which wraps
+// store.ErrUnavailable (a temporary failure for the client). That error
+// is the seam for pending deliveries (the cluster issue's item 6): a
+// delivery that meets it has applied nothing and may be recorded durably
+// instead of refused.
+package forward
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"quill/internal/cluster/clusterpb"
+	"quill/internal/cluster/ownership"
+	"quill/internal/store"
+)
+
+// DefaultTimeout bounds a forwarded write, retries included.
+const DefaultTimeout = 5 * time.Second
+
+// ErrManagerUnreachable: the user's manager could not be reached within
+// the bound, or kept refusing; nothing of the write was applied.
+var ErrManagerUnreachable = fmt.Errorf("forward: the user's manager could not be reached in time: %w", store.ErrUnavailable)
+
+// ErrOutcomeUnknown: the manager was asked but did not answer within the
+// bound; the write may or may not have been applied.
+var ErrOutcomeUnknown = fmt.Errorf("forward: no answer from the user's manager in time: %w", store.ErrUnavailable)
+
+// Local is the local user manager (usermgr.Manager): the store the writes
+// of users this node manages go to, and reads always.
+type Local interface {
+	store.Store
+	Move(ctx context.Context, from store.ID, uids []uint32, to store.ID) (src, dst []uint32, err error)
+	SetMeta(ctx context.Context, mailbox store.ID, metas map[uint32][]byte) error
+}
+
+// Owner says whether this node manages a user now (ownership.Owner).
+type Owner interface {
+	Begin(user string) (epoch uint64, done func() error, err error)
+}
+
+// Peers reaches other nodes (cluster.Node).
+type Peers interface {
+	Client(id string) (clusterpb.NodeClient, error)
+}
+
+// Notifier hears of mailboxes changed through another node's manager
+// (mailbox.Hub), so that this node's sessions see their own writes at
+// once.
+type Notifier interface {
+	Notify(mailbox store.ID)
+}
+
+// Options configure New.
+type Options struct {
+	Local Local
+	Owner Owner
+	Peers Peers
+	// Timeout bounds a forwarded write (DefaultTimeout when zero).
+	Timeout    time.Duration
+	Notifier   Notifier // may be nil
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer // may be nil
+}
+
+// Store routes mailbox writes to the user's manager; everything else is
+// the local store's. It is safe for concurrent use.
+type Store struct {
+	Local
+	owner   Owner
+	peers   Peers
+	timeout time.Duration
+	notify  Notifier
+	log     *slog.Logger
+	sent    *prometheus.CounterVec
+
+	mu     sync.Mutex
+	owners map[store.ID]string // mailbox -> user (mailbox IDs are never reused)
+}
+
+var _ store.Store = (*Store)(nil)
+
+// New returns the routing store.
+func New(opts Options) (*Store, error) {
+	if opts.Local == nil || opts.Owner == nil || opts.Peers == nil {
+		return nil, errors.New("forward: no local store, owner or peers")
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Store{Local: opts.Local, owner: opts.Owner, peers: opts.Peers, timeout: opts.Timeout,
+		notify: opts.Notifier, log: opts.Logger, owners: map[store.ID]string{},
+		sent: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quill_cluster_forwarded_total",
+			Help: "Mailbox writes this node sent to the user's manager on another node, by operation and result (ok, refused: a store error, unreachable, unknown).",
+		}, []string{"op", "result"}),
+	}
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(s.sent); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// userOf returns the user owning mailbox.
+func (s *Store) userOf(ctx context.Context, mailbox store.ID) (string, error) {
+	s.mu.Lock()
+	user, ok := s.owners[mailbox]
+	s.mu.Unlock()
+	if ok {
+		return user, nil
+	}
+	mb, err := s.Local.GetMailboxByID(ctx, mailbox)
+	if err != nil {
+		return "", err
+	}
+	s.mu.Lock()
+	if len(s.owners) >= 1<<16 {
+		clear(s.owners)
+	}
+	s.owners[mailbox] = mb.User
+	s.mu.Unlock()
+	return mb.User, nil
+}
+
+// route runs a write of user's: local while this node manages user, else
+// remote against the manager's client, retrying refusals until the bound.
+func (s *Store) route(ctx context.Context, op, user string, local func(context.Context) error,
+	remote func(context.Context, clusterpb.NodeClient) error) error {
+	deadline := time.Now().Add(s.timeout)
+	wait := 5 * time.Millisecond
+	var last error
+	for {
+		_, done, err := s.owner.Begin(user)
+		if err == nil {
+			err = local(ctx)
+			derr := done()
+			switch {
+			case err == nil && derr != nil:
+				// Applied, but the lease lapsed before it completed: not
+				// acknowledged (ADR 0024).
+				return fmt.Errorf("forward: %s for %s: %w", op, user, derr)
+			case errors.Is(err, ownership.ErrNotManager), errors.Is(err, ownership.ErrHandoff), errors.Is(err, ownership.ErrNoLease):
+				// The user manager asked the owner itself (usermgr.Owner)
+				// and the bucket moved since Begin: nothing was applied.
+			default:
+				return err
+			}
+		}
+		var nm *ownership.NotManagerError
+		if errors.As(err, &nm) {
+			err = s.remote(ctx, op, nm.Manager, deadline, remote)
+			if err == nil || !errors.Is(err, errRefused) {
+				return err
+			}
+		} else if errors.Is(err, ownership.ErrClosed) {
+			return fmt.Errorf("forward: %s for %s: %w", op, user, err)
+		}
+		last = err
+		if ctx.Err() != nil || time.Until(deadline) < wait {
+			s.sent.WithLabelValues(op, "unreachable").Inc()
+			return fmt.Errorf("%w: %s for %s: %w", ErrManagerUnreachable, op, user, last)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 100*time.Millisecond)
+	}
+}
+
+// errRefused marks a remote failure that applied nothing and may be
+// retried (the manager changed, or could not be reached).
+var errRefused = errors.New("refused")
+
+// remote makes one remote attempt at node before deadline.
+func (s *Store) remote(ctx context.Context, op, node string, deadline time.Time,
+	call func(context.Context, clusterpb.NodeClient) error) error {
+	c, err := s.peers.Client(node)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errRefused, err)
+	}
+	actx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	err = call(actx, c)
+	if err == nil {
+		s.sent.WithLabelValues(op, "ok").Inc()
+		return nil
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	switch status.Code(err) {
+	case codes.FailedPrecondition, codes.Unavailable, codes.Canceled:
+		// Refused before anything was applied, or the connection failed
+		// (Canceled: the connection was closed under the call, as when
+		// membership briefly lists the node dead): retried. A connection
+		// that broke after the request reached the manager may thus apply
+		// a write twice, as a client retrying after a timeout would.
+		return fmt.Errorf("%w: node %s: %w", errRefused, node, err)
+	case codes.DeadlineExceeded:
+		s.sent.WithLabelValues(op, "unknown").Inc()
+		return fmt.Errorf("%w: %s at node %s: %w", ErrOutcomeUnknown, op, node, err)
+	}
+	s.sent.WithLabelValues(op, "refused").Inc()
+	return fromStatus(err)
+}
+
+func (s *Store) published(mailboxes ...store.ID) {
+	if s.notify == nil {
+		return
+	}
+	for _, id := range mailboxes {
+		s.notify.Notify(id)
+	}
+}
+
+// Append implements store.Store. Forwarded, an inline body is stored
+// here first and travels as its blob ID.
+func (s *Store) Append(ctx context.Context, mailbox store.ID, msgs []store.NewMessage, opts store.AppendOptions) ([]store.Message, error) {
+	user, err := s.userOf(ctx, mailbox)
+	if err != nil {
+		return nil, fmt.Errorf("mailbox %s: %w", mailbox, err)
+	}
+	var out []store.Message
+	var req *clusterpb.AppendRequest
+	err = s.route(ctx, "append", user, func(ctx context.Context) error {
+		out, err = s.Local.Append(ctx, mailbox, msgs, opts)
+		return err
+	}, func(ctx context.Context, c clusterpb.NodeClient) error {
+		if req == nil {
+			if req, err = s.appendRequest(ctx, user, mailbox, msgs, opts); err != nil {
+				return err
+			}
+		}
+		r, err := c.Append(ctx, req)
+		if err != nil {
+			return err
+		}
+		if len(r.Messages) != len(msgs) {
+			return fmt.Errorf("forward: append of %d messages answered with %d", len(msgs), len(r.Messages))
+		}
+		out = make([]store.Message, len(r.Messages))
+		for i, m := range r.Messages {
+			out[i] = messageFrom(m)
+			out[i].Meta = msgs[i].Meta
+		}
+		s.published(mailbox)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// appendRequest builds the forwarded append, storing inline bodies first.
+func (s *Store) appendRequest(ctx context.Context, user string, mailbox store.ID, msgs []store.NewMessage, opts store.AppendOptions) (*clusterpb.AppendRequest, error) {
+	req := &clusterpb.AppendRequest{User: user, Mailbox: mailbox[:], CheckQuota: opts.CheckQuota,
+		Messages: make([]*clusterpb.NewMessage, len(msgs))}
+	for i, nm := range msgs {
+		if err := nm.Check(); err != nil {
+			return nil, err
+		}
+		blob := nm.Blob
+		if nm.Body != nil {
+			id, _, err := s.Local.PutBlob(ctx, bytesReader(nm.Body), int64(len(nm.Body)))
+			if err != nil {
+				return nil, fmt.Errorf("forward: storing a body: %w", err)
+			}
+			blob = id
+		}
+		req.Messages[i] = &clusterpb.NewMessage{Blob: blob[:], Size: nm.Size, Flags: nm.Flags,
+			InternalDate: nm.InternalDate.UnixNano(), Meta: nm.Meta}
+	}
+	return req, nil
+}
+
+// SetFlags implements store.Store.
+func (s *Store) SetFlags(ctx context.Context, mailbox store.ID, change store.FlagChange) (store.FlagResult, error) {
+	user, err := s.userOf(ctx, mailbox)
+	if err != nil {
+		return store.FlagResult{}, fmt.Errorf("mailbox %s: %w", mailbox, err)
+	}
+	var res store.FlagResult
+	err = s.route(ctx, "set_flags", user, func(ctx context.Context) error {
+		res, err = s.Local.SetFlags(ctx, mailbox, change)
+		return err
+	}, func(ctx context.Context, c clusterpb.NodeClient) error {
+		r, err := c.SetFlags(ctx, &clusterpb.SetFlagsRequest{User: user, Mailbox: mailbox[:], Uids: change.UIDs,
+			Op: uint32(change.Op), Flags: change.Flags, UnchangedSince: change.UnchangedSince})
+		if err != nil {
+			return err
+		}
+		res = store.FlagResult{Failed: r.Failed}
+		for _, m := range r.Changed {
+			res.Changed = append(res.Changed, messageFrom(m))
+		}
+		if len(res.Changed) > 0 {
+			s.published(mailbox)
+		}
+		return nil
+	})
+	return res, err
+}
+
+// Expunge implements store.Store.
+func (s *Store) Expunge(ctx context.Context, mailbox store.ID, uids []uint32) ([]uint32, uint64, error) {
+	user, err := s.userOf(ctx, mailbox)
+	if err != nil {
+		return nil, 0, fmt.Errorf("mailbox %s: %w", mailbox, err)
+	}
+	var (
+		gone   []uint32
+		modseq uint64
+	)
+	err = s.route(ctx, "expunge", user, func(ctx context.Context) error {
+		gone, modseq, err = s.Local.Expunge(ctx, mailbox, uids)
+		return err
+	}, func(ctx context.Context, c clusterpb.NodeClient) error {
+		r, err := c.Expunge(ctx, &clusterpb.ExpungeRequest{User: user, Mailbox: mailbox[:], Uids: uids})
+		if err != nil {
+			return err
+		}
+		gone, modseq = r.Expunged, r.Modseq
+		if len(gone) > 0 {
+			s.published(mailbox)
+		}
+		return nil
+	})
+	return gone, modseq, err
+}
+
+// Move moves messages between two mailboxes of one user at the user's
+// manager (usermgr.Manager.Move).
+func (s *Store) Move(ctx context.Context, from store.ID, uids []uint32, to store.ID) (src, dst []uint32, err error) {
+	user, err := s.userOf(ctx, from)
+	if err != nil {
+		return nil, nil, fmt.Errorf("mailbox %s: %w", from, err)
+	}
+	err = s.route(ctx, "move", user, func(ctx context.Context) error {
+		src, dst, err = s.Local.Move(ctx, from, uids, to)
+		return err
+	}, func(ctx context.Context, c clusterpb.NodeClient) error {
+		r, err := c.Move(ctx, &clusterpb.MoveRequest{User: user, From: from[:], Uids: uids, To: to[:]})
+		if err != nil {
+			return err
+		}
+		src, dst = r.Src, r.Dst
+		if len(src) > 0 {
+			s.published(from, to)
+		}
+		return nil
+	})
+	return src, dst, err
+}
+
+// DeleteMailbox implements store.Store.
+func (s *Store) DeleteMailbox(ctx context.Context, user, name string) error {
+	return s.route(ctx, "delete_mailbox", user, func(ctx context.Context) error {
+		return s.Local.DeleteMailbox(ctx, user, name)
+	}, func(ctx context.Context, c clusterpb.NodeClient) error {
+		_, err := c.DeleteMailbox(ctx, &clusterpb.DeleteMailboxRequest{User: user, Name: name})
+		return err
+	})
+}
+
+// DeleteUser implements store.Store.
+func (s *Store) DeleteUser(ctx context.Context, address string) error {
+	return s.route(ctx, "delete_user", address, func(ctx context.Context) error {
+		return s.Local.DeleteUser(ctx, address)
+	}, func(ctx context.Context, c clusterpb.NodeClient) error {
+		_, err := c.DeleteUser(ctx, &clusterpb.DeleteUserRequest{User: address})
+		return err
+	})
+}
