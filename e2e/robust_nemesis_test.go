@@ -32,6 +32,30 @@ const (
 
 var nemesisActions = []string{actKillQuill, actPauseQuill, actKillCassandra, actPartition, actAddNode}
 
+// actionNames are the names QUILL_ROBUST_ACTIONS chooses actions by.
+var actionNames = map[string]string{
+	"kill-quill": actKillQuill, "pause-quill": actPauseQuill, "kill-cassandra": actKillCassandra,
+	"partition": actPartition, "add-node": actAddNode,
+}
+
+// chosenActions returns the actions QUILL_ROBUST_ACTIONS names
+// (comma-separated actionNames), or every action when it is unset.
+func chosenActions(t *testing.T) []string {
+	env := os.Getenv("QUILL_ROBUST_ACTIONS")
+	if env == "" {
+		return nemesisActions
+	}
+	var out []string
+	for _, name := range strings.Split(env, ",") {
+		act, ok := actionNames[strings.TrimSpace(name)]
+		if !ok {
+			t.Fatalf("QUILL_ROBUST_ACTIONS: no action %q", name)
+		}
+		out = append(out, act)
+	}
+	return out
+}
+
 // nemesis injects failures into one run. Its methods run on the test
 // goroutine, except the Cassandra restart, which runs in its own
 // goroutine and reports through cassDone.
@@ -72,9 +96,10 @@ func (n *nemesis) logf(format string, args ...any) {
 // also waits until the clients have acknowledged minProgress more writes,
 // which they must do within stallTimeout.
 func (n *nemesis) run(ctx context.Context, minProgress int, stallTimeout time.Duration) error {
-	order := make([]string, len(nemesisActions))
-	for i, j := range n.r.Perm(len(nemesisActions)) {
-		order[i] = nemesisActions[j]
+	actions := chosenActions(n.t)
+	order := make([]string, len(actions))
+	for i, j := range n.r.Perm(len(actions)) {
+		order[i] = actions[j]
 	}
 	for step := 0; ; step++ {
 		gap := 4*time.Second + time.Duration(n.r.Int64N(int64(5*time.Second)))
@@ -93,7 +118,7 @@ func (n *nemesis) run(ctx context.Context, minProgress int, stallTimeout time.Du
 			}
 			return fmt.Errorf("before nemesis step %d: %w", step, err)
 		}
-		act := nemesisActions[n.r.IntN(len(nemesisActions))]
+		act := actions[n.r.IntN(len(actions))]
 		if step < len(order) {
 			act = order[step]
 		}

@@ -49,7 +49,9 @@ import (
 // Environment: QUILL_ROBUST_DURATION, QUILL_ROBUST_SEED, QUILL_ROBUST_CLIENTS
 // (default 6), QUILL_ROBUST_HISTORY (a file to write the history to as
 // JSON; a failed run writes it to the temp directory), QUILL_ROBUST_STRICT=1
-// (a MOVE interrupted half-way fails the run too), QUILL_ROBUST_CLUSTER=1.
+// (a MOVE interrupted half-way fails the run too), QUILL_ROBUST_CLUSTER=1,
+// QUILL_ROBUST_ACTIONS (the nemesis's actions, comma-separated: kill-quill,
+// pause-quill, kill-cassandra, partition, add-node; default all).
 func TestCassandraRobustness(t *testing.T) {
 	duration := 75 * time.Second
 	if d := os.Getenv("QUILL_ROBUST_DURATION"); d != "" {

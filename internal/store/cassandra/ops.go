@@ -91,6 +91,10 @@ const recentOps = 16
 // maxAttempts bounds the optimistic loop of one mutation.
 const maxAttempts = 2000
 
+// finishAttempts bounds the attempts to apply a committed operation before
+// its caller is told the outcome is unknown.
+const finishAttempts = 5
+
 var errAmbiguous = errors.New("cassandra: outcome of the mailbox update unknown")
 
 // mutate runs one mailbox mutation; plan returns nil when there is nothing
@@ -151,12 +155,22 @@ func (e *Engine) mutate(ctx context.Context, id store.ID, plan func(h head) (*op
 			}
 			continue
 		}
-		if err := e.finish(ctx, id, o, raw); err != nil {
-			// Committed but not yet applied: the next writer of this
-			// mailbox applies it after RollForwardAfter.
-			return nil, fmt.Errorf("%w: committed at MODSEQ %d, applying: %w", errAmbiguous, o.ModSeq, err)
+		// Committed: applying it again after a failure is safe (every
+		// write of finish is idempotent), and the usual failure is a
+		// coordinator that died under the write, which the next attempt
+		// does not use. Giving up leaves an outcome the client cannot
+		// know, though the change will become visible.
+		for try := 0; ; try++ {
+			err := e.finish(ctx, id, o, raw)
+			if err == nil {
+				return o, nil
+			}
+			if try+1 == finishAttempts || backoff(ctx, try+4) != nil {
+				// Committed but not yet applied: the next writer of this
+				// mailbox applies it after RollForwardAfter.
+				return nil, fmt.Errorf("%w: committed at MODSEQ %d, applying: %w", errAmbiguous, o.ModSeq, err)
+			}
 		}
-		return o, nil
 	}
 }
 
