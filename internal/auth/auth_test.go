@@ -125,7 +125,7 @@ func TestAuthenticate(t *testing.T) {
 
 func TestDefaultMailboxes(t *testing.T) {
 	d, _, _ := setup(t)
-	boxes, err := d.Store.(store.Store).ListMailboxes(context.Background(), "alice@example.test")
+	boxes, err := d.Store.(store.Engine).ListMailboxes(context.Background(), "alice@example.test")
 	if err != nil {
 		t.Fatal(err)
 	}
