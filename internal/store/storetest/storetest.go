@@ -1003,28 +1003,9 @@ func testSecrets(t *testing.T, s store.Store) {
 	}
 
 	// Concurrent creators: exactly one wins, and its value is the one read.
-	const racers = 8
-	var (
-		wg      sync.WaitGroup
-		mu      sync.Mutex
-		winners []int
-	)
-	for i := 0; i < racers; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			err := sec.CreateSecret(ctx(), "cluster/race", []byte(fmt.Sprintf("racer %d", i)))
-			switch {
-			case err == nil:
-				mu.Lock()
-				winners = append(winners, i)
-				mu.Unlock()
-			case !errors.Is(err, store.ErrExists):
-				t.Errorf("racer %d: %v", i, err)
-			}
-		}()
-	}
-	wg.Wait()
+	winners := race(t, 8, func(i int) error {
+		return sec.CreateSecret(ctx(), "cluster/race", []byte(fmt.Sprintf("racer %d", i)))
+	})
 	if len(winners) != 1 {
 		t.Fatalf("%d concurrent CreateSecret calls succeeded (%v), want exactly 1", len(winners), winners)
 	}
@@ -1096,28 +1077,10 @@ func testOwnership(t *testing.T, s store.Store) {
 
 	// Concurrent proposers of one epoch: exactly one wins, and its map is
 	// the one read.
-	const racers = 6
-	var (
-		wg      sync.WaitGroup
-		mu      sync.Mutex
-		winners []int
-	)
-	for i := 0; i < racers; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			m := store.ClusterMap{Epoch: 3, Members: []store.MapMember{{ID: fmt.Sprintf("racer-%d", i), Weight: 1}}}
-			switch err := own.ProposeClusterMap(ctx(), m); {
-			case err == nil:
-				mu.Lock()
-				winners = append(winners, i)
-				mu.Unlock()
-			case !errors.Is(err, store.ErrExists):
-				t.Errorf("racer %d: %v", i, err)
-			}
-		}()
-	}
-	wg.Wait()
+	winners := race(t, 6, func(i int) error {
+		m := store.ClusterMap{Epoch: 3, Members: []store.MapMember{{ID: fmt.Sprintf("racer-%d", i), Weight: 1}}}
+		return own.ProposeClusterMap(ctx(), m)
+	})
 	if len(winners) != 1 {
 		t.Fatalf("%d concurrent proposals of epoch 3 succeeded (%v), want exactly 1", len(winners), winners)
 	}
@@ -1150,4 +1113,31 @@ func testOwnership(t *testing.T, s store.Store) {
 		t.Fatalf("NodeLeases = %+v, want %+v", ls, want)
 	}
 	wantErr(t, "PutNodeLease without a node", own.PutNodeLease(ctx(), store.NodeLease{Adopted: 1}), store.ErrInvalid)
+}
+
+// race runs n calls of create at once and returns the indexes of those
+// that succeeded; a failure other than store.ErrExists fails the test.
+func race(t *testing.T, n int, create func(i int) error) []int {
+	t.Helper()
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		winners []int
+	)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			switch err := create(i); {
+			case err == nil:
+				mu.Lock()
+				winners = append(winners, i)
+				mu.Unlock()
+			case !errors.Is(err, store.ErrExists):
+				t.Errorf("racer %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	return winners
 }
