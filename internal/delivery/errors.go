@@ -1,6 +1,10 @@
 package delivery
 
-import "errors"
+import (
+	"errors"
+
+	"quill/internal/store"
+)
 
 // Errors from Resolve and Deliver. Each is permanent (5xx) unless stated;
 // any other error is temporary (4xx). Protocol front ends map them to
@@ -24,4 +28,8 @@ var (
 	ErrSenderNotAllowed = errors.New("delivery: sender address not owned by user")
 	// ErrDisabled: the recipient account is disabled.
 	ErrDisabled = errors.New("delivery: account disabled")
+	// ErrOutcomeUnknown is store.ErrOutcomeUnknown: a recipient's result
+	// (or Deliver's error) wrapping it means the message may or may not
+	// have been stored for it; the front end must promise neither.
+	ErrOutcomeUnknown = store.ErrOutcomeUnknown
 )

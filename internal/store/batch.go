@@ -145,8 +145,10 @@ func (b *Batch) Validate() error {
 // batches (ADR 0023).
 type BatchWriter interface {
 	// SubmitBatch queues b and returns a function that waits for its
-	// outcome: nil once b is durable and visible to every reader, or the
-	// error that made the engine write none of it. Batches are applied in
+	// outcome: nil once b is durable and visible to every reader, the
+	// error that made the engine write none of it, or an error wrapping
+	// ErrOutcomeUnknown when the engine cannot tell whether b was (or
+	// will be) applied. Batches are applied in
 	// the order their SubmitBatch calls returned, so a manager that submits
 	// a user's batches one after another, under its lock, gets them
 	// applied in that order while it waits for each outside the lock

@@ -14,7 +14,8 @@
 //     in which any reader can observe them, and a UID is never reused under
 //     one UIDVALIDITY.
 //   - A successful Append, SetFlags or Expunge is durable when it returns,
-//     and so is a batch whose BatchWriter wait returned nil.
+//     and so is a batch whose BatchWriter wait returned nil. One that fails
+//     with an error other than ErrOutcomeUnknown applied nothing.
 //   - A blob is deleted only after the last message referencing it is gone.
 //   - A mailbox's change log holds every change above its ExpungeFloor:
 //     each present message's latest change, and each expunge.
@@ -49,6 +50,14 @@ var (
 	// full) and expects to later; the caller answers with a temporary
 	// failure. Nothing of the refused write was kept.
 	ErrUnavailable = errors.New("store: temporarily unavailable")
+	// ErrOutcomeUnknown: the write may or may not have been applied, or
+	// may still be applied later (a commit whose apply step, or whose
+	// answer, was lost; docs/adr/0030). Callers must promise neither
+	// success nor failure: a protocol closes the connection without a
+	// reply, so that its client retries as after a lost connection. It
+	// does not wrap ErrUnavailable, whose promise (nothing kept) it
+	// cannot keep.
+	ErrOutcomeUnknown = errors.New("store: outcome of the write unknown")
 	// ErrInUse: another session, possibly in another process, holds the
 	// lease asked for (MaildropLocker).
 	ErrInUse = errors.New("store: in use")

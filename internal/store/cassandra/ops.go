@@ -91,11 +91,38 @@ const recentOps = 16
 // maxAttempts bounds the optimistic loop of one mutation.
 const maxAttempts = 2000
 
-// finishAttempts bounds the attempts to apply a committed operation before
-// its caller is told the outcome is unknown.
-const finishAttempts = 5
+// settleFor bounds how long a writer keeps trying to apply an operation
+// it committed, or to learn whether its LWT committed, before its caller
+// is told the outcome is unknown: long enough to outlive a coordinator
+// that died under the write (the driver marks it down and the next
+// attempt goes to another node), short next to a client's patience. The
+// caller's deadline, if sooner, ends it first.
+const settleFor = 10 * time.Second
 
-var errAmbiguous = errors.New("cassandra: outcome of the mailbox update unknown")
+// errAmbiguous: a mailbox update may have committed and will then be
+// applied, by its writer or by the next writer's roll-forward.
+var errAmbiguous = fmt.Errorf("cassandra: outcome of the mailbox update unknown: %w", store.ErrOutcomeUnknown)
+
+// settle calls try until it succeeds, stop says its error is final, ctx
+// ends or settleFor has passed since since, backing off from 10 ms to
+// 500 ms with jitter between attempts. It returns try's last error.
+func settle(ctx context.Context, since time.Time, stop func(error) bool, try func() error) error {
+	wait := 10 * time.Millisecond
+	for {
+		err := try()
+		if err == nil || (stop != nil && stop(err)) || time.Since(since)+wait > settleFor {
+			return err
+		}
+		t := time.NewTimer(wait/2 + rand.N(wait/2+1))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait = min(2*wait, 500*time.Millisecond)
+	}
+}
 
 // mutate runs one mailbox mutation; plan returns nil when there is nothing
 // to change. It returns the operation as committed and applied.
@@ -155,30 +182,33 @@ func (e *Engine) mutate(ctx context.Context, id store.ID, plan func(h head) (*op
 			}
 			continue
 		}
-		// Committed: applying it again after a failure is safe (every
-		// write of finish is idempotent), and the usual failure is a
-		// coordinator that died under the write, which the next attempt
-		// does not use. Giving up leaves an outcome the client cannot
-		// know, though the change will become visible.
-		for try := 0; ; try++ {
-			err := e.finish(ctx, id, o, raw)
-			if err == nil {
-				return o, nil
-			}
-			if try+1 == finishAttempts || backoff(ctx, try+4) != nil {
-				// Committed but not yet applied: the next writer of this
-				// mailbox applies it after RollForwardAfter.
-				return nil, fmt.Errorf("%w: committed at MODSEQ %d, applying: %w", errAmbiguous, o.ModSeq, err)
-			}
+		// Committed, so decided: it will be applied, by this writer or
+		// by the next one's roll-forward. Applying it again after a
+		// failure is safe (every write of finish is idempotent), and the
+		// usual failure is a coordinator that died under the write, which
+		// the next attempt does not use. Giving up leaves an outcome the
+		// caller cannot know, though the change will become visible.
+		err = settle(ctx, o.Started, nil, func() error { return e.finish(ctx, id, o, raw) })
+		if err != nil {
+			// Committed but not yet applied: the next writer of this
+			// mailbox applies it after RollForwardAfter.
+			return nil, fmt.Errorf("%w: committed at MODSEQ %d, applying: %w", errAmbiguous, o.ModSeq, err)
 		}
+		return o, nil
 	}
 }
 
 // resolve learns whether o's LWT, which failed with cause, was applied. A
 // serial read completes or supersedes any Paxos round in progress, so the
-// head it returns is final with respect to o.
+// head it returns is final with respect to o; it is retried like finish
+// (settle). Failing that, or when o has left the head's recent list, the
+// outcome is unknown (errAmbiguous).
 func (e *Engine) resolve(ctx context.Context, id store.ID, o *op, cause error) (bool, error) {
-	h, err := e.readHead(ctx, id, true)
+	var h head
+	err := settle(ctx, o.Started, isNotFound, func() (err error) {
+		h, err = e.readHead(ctx, id, true)
+		return err
+	})
 	if err != nil {
 		return false, fmt.Errorf("%w: %w (then %w)", errAmbiguous, cause, err)
 	}
