@@ -16,7 +16,10 @@
 //     observe them.
 //   - A UID or MODSEQ handed out is never handed out again: the in-memory
 //     head only moves forward, and a reload from the store (after a failed
-//     batch) keeps the higher of the two.
+//     batch) keeps the higher of the two. A user whose batch failed is not
+//     forgotten (evicted) before that reload: a batch whose outcome is
+//     unknown (store.ErrOutcomeUnknown) may still be applied after the
+//     store was read, and only the handed-out head covers its UIDs.
 //   - A write that reads messages before changing them (flags, expunge)
 //     first waits until every batch of the user in flight is durable, so
 //     it reads the state its batch follows; the engine re-checks it (the
@@ -194,7 +197,7 @@ func (m *Manager) evictLocked() {
 			break
 		}
 		u.fl.Lock()
-		busy := u.inflight > 0
+		busy := u.inflight > 0 || u.failed // failed: handed-out heads to keep (reload)
 		u.fl.Unlock()
 		if u.pins == 0 && !busy {
 			delete(m.users, name)
@@ -253,7 +256,12 @@ func (m *Manager) drain(ctx context.Context, u *user) error {
 
 // reload rereads u's heads after a failed batch, keeping the higher of the
 // stored and handed-out values (a refused batch's UIDs are never reused,
-// though nothing of them was written), and forgets its usage.
+// though nothing of them was written), and forgets its usage, which the
+// next quota check rereads. This is also all that an unknown outcome
+// (store.ErrOutcomeUnknown) calls for: whether or not the batch was
+// applied, or is yet to be, the stored head never exceeds the handed-out
+// one, and dropping the handed-out heads instead would hand the batch's
+// UIDs out again if it lands after the store was read.
 func (m *Manager) reload(ctx context.Context, u *user) error {
 	u.usageOK = false
 	for _, h := range slices.Clone(u.heads) {
@@ -335,7 +343,9 @@ func (m *Manager) submit(ctx context.Context, u *user, b *store.Batch) (func() e
 }
 
 // finish records the outcome of one of u's batches and publishes its
-// change events.
+// change events: for a durable batch, and for one whose outcome is
+// unknown, which may be visible (an event that finds nothing new costs a
+// poll; a missing one leaves IDLE clients behind).
 func (m *Manager) finish(u *user, err error, mailboxes ...store.ID) {
 	u.fl.Lock()
 	if err != nil {
@@ -347,7 +357,7 @@ func (m *Manager) finish(u *user, err error, mailboxes ...store.ID) {
 		u.waiter = nil
 	}
 	u.fl.Unlock()
-	if err == nil {
+	if err == nil || errors.Is(err, store.ErrOutcomeUnknown) {
 		m.publish(mailboxes...)
 	}
 }
@@ -398,7 +408,7 @@ func (u *user) addUsage(d store.Usage) {
 func (m *Manager) Append(ctx context.Context, mailbox store.ID, msgs []store.NewMessage, opts store.AppendOptions) ([]store.Message, error) {
 	if m.w == nil {
 		out, err := m.own.Append(ctx, mailbox, msgs, opts)
-		if err == nil {
+		if err == nil || errors.Is(err, store.ErrOutcomeUnknown) {
 			m.publish(mailbox)
 		}
 		return out, err
@@ -522,7 +532,7 @@ func ascending(uids []uint32) []uint32 {
 func (m *Manager) SetFlags(ctx context.Context, mailbox store.ID, change store.FlagChange) (store.FlagResult, error) {
 	if m.w == nil {
 		res, err := m.own.SetFlags(ctx, mailbox, change)
-		if err == nil && len(res.Changed) > 0 {
+		if err == nil && len(res.Changed) > 0 || errors.Is(err, store.ErrOutcomeUnknown) {
 			m.publish(mailbox)
 		}
 		return res, err
@@ -595,7 +605,7 @@ func (m *Manager) SetFlags(ctx context.Context, mailbox store.ID, change store.F
 func (m *Manager) Expunge(ctx context.Context, mailbox store.ID, uids []uint32) ([]uint32, uint64, error) {
 	if m.w == nil {
 		gone, modseq, err := m.own.Expunge(ctx, mailbox, uids)
-		if err == nil && len(gone) > 0 {
+		if err == nil && len(gone) > 0 || errors.Is(err, store.ErrOutcomeUnknown) {
 			m.publish(mailbox)
 		}
 		return gone, modseq, err

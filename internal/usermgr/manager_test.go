@@ -13,6 +13,7 @@ import (
 
 	"quill/internal/store"
 	"quill/internal/store/embedded"
+	"quill/internal/store/storetest"
 )
 
 func openEngine(t testing.TB) *embedded.Engine {
@@ -475,4 +476,57 @@ func TestWritesCarryTheOwnersEpoch(t *testing.T) {
 	if _, err := m.Append(ctx(), mb.ID, []store.NewMessage{body("m")}, store.AppendOptions{}); !errors.Is(err, errNotManaged) {
 		t.Fatalf("append for a user not managed here: %v", err)
 	}
+}
+
+// A batch the engine applied but reported as of unknown outcome
+// (store.ErrOutcomeUnknown, injected after the real write): the caller
+// gets that error, the write is visible and announced, the user is not
+// forgotten before its state is reloaded, and the next writes neither
+// reuse its UID or MODSEQ nor ignore its size in the quota.
+func TestUnknownOutcomeReloads(t *testing.T) {
+	e := openEngine(t)
+	u := storetest.NewUncertain(e)
+	var rec recorder
+	m := New(u, Options{Notifier: &rec, MaxUsers: 1})
+	defer m.Close()
+	mb := inbox(t, m, "a@x", 10)
+	if _, err := m.Append(ctx(), mb.ID, []store.NewMessage{body("four")}, store.AppendOptions{CheckQuota: true}); err != nil {
+		t.Fatal(err)
+	}
+	u.Arm(1)
+	_, err := m.Append(ctx(), mb.ID, []store.NewMessage{body("five.")}, store.AppendOptions{CheckQuota: true})
+	if !errors.Is(err, store.ErrOutcomeUnknown) || u.Injected() != 1 {
+		t.Fatalf("append reported unknown: %v (%d injected), want ErrOutcomeUnknown", err, u.Injected())
+	}
+	if msg, err := e.GetMessage(ctx(), mb.ID, 2); err != nil || msg.Size != 5 {
+		t.Fatalf("the append of unknown outcome in the store: %+v, %v", msg, err)
+	}
+	if rec.count(mb.ID) != 2 {
+		t.Fatalf("events after a durable and an unknown append: %d, want 2", rec.count(mb.ID))
+	}
+	// Another user, with MaxUsers 1: a.x must not be forgotten while its
+	// failed batch awaits the reload.
+	other := inbox(t, m, "b@x", 0)
+	if _, err := m.Append(ctx(), other.ID, []store.NewMessage{body("b")}, store.AppendOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	m.mu.Lock()
+	kept := m.users["a@x"] != nil
+	m.mu.Unlock()
+	if !kept {
+		t.Fatal("the user with a batch of unknown outcome was evicted before its reload")
+	}
+	// 4 + 5 octets stored, quota 10: two more do not fit, one does.
+	if _, err := m.Append(ctx(), mb.ID, []store.NewMessage{body("xy")}, store.AppendOptions{CheckQuota: true}); !errors.Is(err, store.ErrOverQuota) {
+		t.Fatalf("append over quota after the unknown one: %v, want ErrOverQuota", err)
+	}
+	got, err := m.Append(ctx(), mb.ID, []store.NewMessage{body("z")}, store.AppendOptions{CheckQuota: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur, _ := e.GetMailboxByID(ctx(), mb.ID)
+	if got[0].UID != 3 || got[0].ModSeq != cur.HighestModSeq || cur.Messages != 3 {
+		t.Fatalf("append after the unknown one: %+v; mailbox %+v", got[0], cur)
+	}
+	checkStore(t, e)
 }
