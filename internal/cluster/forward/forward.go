@@ -9,14 +9,21 @@
 // travel: an inline body is stored here first (PutBlob) and only its blob
 // ID is sent.
 //
-// A write the manager refused without applying it (it no longer manages
-// the user, its bucket is in handoff, the connection could not be made)
-// is retried against the newest view of who manages the user until
+// A write refused before anything of it was applied (the manager said so:
+// it no longer manages the user, its bucket is in handoff, its store is
+// unavailable; or the call never left this node: no connection could be
+// made) is retried against the newest view of who manages the user until
 // Options.Timeout; then it fails with ErrManagerUnreachable, which wraps
 // store.ErrUnavailable (a temporary failure for the client). That error
 // is the seam for pending deliveries (the cluster issue's item 6): a
 // delivery that meets it has applied nothing and may be recorded durably
 // instead of refused.
+//
+// A call that may have reached the manager and got no answer of the
+// manager's own (the connection broke, the deadline passed) is never
+// retried, here or at another node: it fails with ErrOutcomeUnknown, which
+// wraps store.ErrOutcomeUnknown, and so does a write the manager itself
+// reports of unknown outcome (docs/adr/0030).
 package forward
 
 import (
@@ -28,7 +35,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"quill/internal/cluster/clusterpb"
@@ -43,9 +52,9 @@ const DefaultTimeout = 5 * time.Second
 // the bound, or kept refusing; nothing of the write was applied.
 var ErrManagerUnreachable = fmt.Errorf("forward: the user's manager could not be reached in time: %w", store.ErrUnavailable)
 
-// ErrOutcomeUnknown: the manager was asked but did not answer within the
-// bound; the write may or may not have been applied.
-var ErrOutcomeUnknown = fmt.Errorf("forward: no answer from the user's manager in time: %w", store.ErrUnavailable)
+// ErrOutcomeUnknown: the manager may have applied the write (it was asked
+// and did not answer, or answered that the outcome is unknown).
+var ErrOutcomeUnknown = fmt.Errorf("forward: the user's manager may or may not have applied the write: %w", store.ErrOutcomeUnknown)
 
 // Local is the local user manager (usermgr.Manager): the store the writes
 // of users this node manages go to, and reads always.
@@ -151,7 +160,7 @@ func (s *Store) userOf(ctx context.Context, mailbox store.ID) (string, error) {
 // route runs a write of user's: local while this node manages user, else
 // remote against the manager's client, retrying refusals until the bound.
 func (s *Store) route(ctx context.Context, op, user string, local func(context.Context) error,
-	remote func(context.Context, clusterpb.NodeClient) error) error {
+	remote remoteCall) error {
 	deadline := time.Now().Add(s.timeout)
 	wait := 5 * time.Millisecond
 	var last error
@@ -163,8 +172,9 @@ func (s *Store) route(ctx context.Context, op, user string, local func(context.C
 			switch {
 			case err == nil && derr != nil:
 				// Applied, but the lease lapsed before it completed: not
-				// acknowledged (ADR 0024).
-				return fmt.Errorf("forward: %s for %s: %w", op, user, derr)
+				// acknowledged (ADR 0024), and not refused either, for a
+				// successor's adoption may or may not have fenced it.
+				return fmt.Errorf("%w: %s for %s: %v", ErrOutcomeUnknown, op, user, derr)
 			case errors.Is(err, ownership.ErrNotManager), errors.Is(err, ownership.ErrHandoff), errors.Is(err, ownership.ErrNoLease):
 				// The user manager asked the owner itself (usermgr.Owner)
 				// and the bucket moved since Begin: nothing was applied.
@@ -198,37 +208,61 @@ func (s *Store) route(ctx context.Context, op, user string, local func(context.C
 // retried (the manager changed, or could not be reached).
 var errRefused = errors.New("refused")
 
-// remote makes one remote attempt at node before deadline.
-func (s *Store) remote(ctx context.Context, op, node string, deadline time.Time,
-	call func(context.Context, clusterpb.NodeClient) error) error {
+// remoteCall makes one forwarded call with the given call options.
+type remoteCall func(ctx context.Context, c clusterpb.NodeClient, opts ...grpc.CallOption) error
+
+// remote makes one remote attempt at node before deadline, and classifies
+// its failure (docs/adr/0030):
+//
+//   - refused, applied nothing (errRefused, retried by route): no client
+//     for the node; the call never went out on a connection (grpc.Peer
+//     unset: grpc-go fills it in only once the call has a stream on a
+//     transport, and itself retries transparently a stream the server
+//     never processed); the manager's own refusal (FAILED_PRECONDITION, or
+//     a status carrying the handler's refused detail);
+//   - the manager's answer (a status with the handler's detail, or a code
+//     gRPC never makes up): the store error it stands for, or
+//     ErrOutcomeUnknown where the manager did not know either;
+//   - anything else, once the call went out (the connection broke:
+//     UNAVAILABLE or CANCELED from the transport; DEADLINE_EXCEEDED; a
+//     status without the detail): ErrOutcomeUnknown, never retried.
+func (s *Store) remote(ctx context.Context, op, node string, deadline time.Time, call remoteCall) error {
 	c, err := s.peers.Client(node)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errRefused, err)
 	}
 	actx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	err = call(actx, c)
+	var p peer.Peer
+	err = call(actx, c, grpc.Peer(&p))
 	if err == nil {
 		s.sent.WithLabelValues(op, "ok").Inc()
 		return nil
 	}
-	if ctx.Err() != nil {
-		return ctx.Err()
+	st, isStatus := status.FromError(err)
+	if !isStatus {
+		return err // failed here, before the call (storing a body), or wraps ErrOutcomeUnknown
 	}
-	switch status.Code(err) {
-	case codes.FailedPrecondition, codes.Unavailable, codes.Canceled:
-		// Refused before anything was applied, or the connection failed
-		// (Canceled: the connection was closed under the call, as when
-		// membership briefly lists the node dead): retried. A connection
-		// that broke after the request reached the manager may thus apply
-		// a write twice, as a client retrying after a timeout would.
+	reached := p.Addr != nil
+	reason := answerReason(st)
+	switch {
+	case st.Code() == codes.FailedPrecondition, reason == reasonRefused,
+		reason == "" && st.Code() == codes.Unimplemented:
+		// The manager (or a node without the method) applied nothing.
 		return fmt.Errorf("%w: node %s: %w", errRefused, node, err)
-	case codes.DeadlineExceeded:
-		s.sent.WithLabelValues(op, "unknown").Inc()
-		return fmt.Errorf("%w: %s at node %s: %w", ErrOutcomeUnknown, op, node, err)
+	case reason == reasonUnknown:
+	case reason != "" || definiteCodes[st.Code()]:
+		s.sent.WithLabelValues(op, "refused").Inc()
+		return fromStatus(err)
+	case !reached:
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		// Never sent: as good as a refusal.
+		return fmt.Errorf("%w: node %s, not sent: %w", errRefused, node, err)
 	}
-	s.sent.WithLabelValues(op, "refused").Inc()
-	return fromStatus(err)
+	s.sent.WithLabelValues(op, "unknown").Inc()
+	return fmt.Errorf("%w: %s at node %s: %w", ErrOutcomeUnknown, op, node, err)
 }
 
 func (s *Store) published(mailboxes ...store.ID) {
@@ -252,18 +286,19 @@ func (s *Store) Append(ctx context.Context, mailbox store.ID, msgs []store.NewMe
 	err = s.route(ctx, "append", user, func(ctx context.Context) error {
 		out, err = s.Local.Append(ctx, mailbox, msgs, opts)
 		return err
-	}, func(ctx context.Context, c clusterpb.NodeClient) error {
+	}, func(ctx context.Context, c clusterpb.NodeClient, copts ...grpc.CallOption) error {
 		if req == nil {
 			if req, err = s.appendRequest(ctx, user, mailbox, msgs, opts); err != nil {
 				return err
 			}
 		}
-		r, err := c.Append(ctx, req)
+		r, err := c.Append(ctx, req, copts...)
 		if err != nil {
 			return err
 		}
 		if len(r.Messages) != len(msgs) {
-			return fmt.Errorf("forward: append of %d messages answered with %d", len(msgs), len(r.Messages))
+			// Applied, by all appearances, but not as asked.
+			return fmt.Errorf("%w: append of %d messages answered with %d", ErrOutcomeUnknown, len(msgs), len(r.Messages))
 		}
 		out = make([]store.Message, len(r.Messages))
 		for i, m := range r.Messages {
@@ -311,9 +346,9 @@ func (s *Store) SetFlags(ctx context.Context, mailbox store.ID, change store.Fla
 	err = s.route(ctx, "set_flags", user, func(ctx context.Context) error {
 		res, err = s.Local.SetFlags(ctx, mailbox, change)
 		return err
-	}, func(ctx context.Context, c clusterpb.NodeClient) error {
+	}, func(ctx context.Context, c clusterpb.NodeClient, copts ...grpc.CallOption) error {
 		r, err := c.SetFlags(ctx, &clusterpb.SetFlagsRequest{User: user, Mailbox: mailbox[:], Uids: change.UIDs,
-			Op: uint32(change.Op), Flags: change.Flags, UnchangedSince: change.UnchangedSince})
+			Op: uint32(change.Op), Flags: change.Flags, UnchangedSince: change.UnchangedSince}, copts...)
 		if err != nil {
 			return err
 		}
@@ -342,8 +377,8 @@ func (s *Store) Expunge(ctx context.Context, mailbox store.ID, uids []uint32) ([
 	err = s.route(ctx, "expunge", user, func(ctx context.Context) error {
 		gone, modseq, err = s.Local.Expunge(ctx, mailbox, uids)
 		return err
-	}, func(ctx context.Context, c clusterpb.NodeClient) error {
-		r, err := c.Expunge(ctx, &clusterpb.ExpungeRequest{User: user, Mailbox: mailbox[:], Uids: uids})
+	}, func(ctx context.Context, c clusterpb.NodeClient, copts ...grpc.CallOption) error {
+		r, err := c.Expunge(ctx, &clusterpb.ExpungeRequest{User: user, Mailbox: mailbox[:], Uids: uids}, copts...)
 		if err != nil {
 			return err
 		}
@@ -366,8 +401,8 @@ func (s *Store) Move(ctx context.Context, from store.ID, uids []uint32, to store
 	err = s.route(ctx, "move", user, func(ctx context.Context) error {
 		src, dst, err = s.Local.Move(ctx, from, uids, to)
 		return err
-	}, func(ctx context.Context, c clusterpb.NodeClient) error {
-		r, err := c.Move(ctx, &clusterpb.MoveRequest{User: user, From: from[:], Uids: uids, To: to[:]})
+	}, func(ctx context.Context, c clusterpb.NodeClient, copts ...grpc.CallOption) error {
+		r, err := c.Move(ctx, &clusterpb.MoveRequest{User: user, From: from[:], Uids: uids, To: to[:]}, copts...)
 		if err != nil {
 			return err
 		}
@@ -384,8 +419,8 @@ func (s *Store) Move(ctx context.Context, from store.ID, uids []uint32, to store
 func (s *Store) DeleteMailbox(ctx context.Context, user, name string) error {
 	return s.route(ctx, "delete_mailbox", user, func(ctx context.Context) error {
 		return s.Local.DeleteMailbox(ctx, user, name)
-	}, func(ctx context.Context, c clusterpb.NodeClient) error {
-		_, err := c.DeleteMailbox(ctx, &clusterpb.DeleteMailboxRequest{User: user, Name: name})
+	}, func(ctx context.Context, c clusterpb.NodeClient, copts ...grpc.CallOption) error {
+		_, err := c.DeleteMailbox(ctx, &clusterpb.DeleteMailboxRequest{User: user, Name: name}, copts...)
 		return err
 	})
 }
@@ -394,8 +429,8 @@ func (s *Store) DeleteMailbox(ctx context.Context, user, name string) error {
 func (s *Store) DeleteUser(ctx context.Context, address string) error {
 	return s.route(ctx, "delete_user", address, func(ctx context.Context) error {
 		return s.Local.DeleteUser(ctx, address)
-	}, func(ctx context.Context, c clusterpb.NodeClient) error {
-		_, err := c.DeleteUser(ctx, &clusterpb.DeleteUserRequest{User: address})
+	}, func(ctx context.Context, c clusterpb.NodeClient, copts ...grpc.CallOption) error {
+		_, err := c.DeleteUser(ctx, &clusterpb.DeleteUserRequest{User: address}, copts...)
 		return err
 	})
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -276,5 +277,125 @@ func TestManagerGone(t *testing.T) {
 	t.Logf("manager stopped to the next write applied through the other node: %v", time.Since(stopped))
 	if got[0].UID != 2 {
 		t.Fatalf("UID after the handoff %d, want 2", got[0].UID)
+	}
+}
+
+// faultyLocal is a node's real user manager behind its Handler, with
+// faults injected into Append: refuse (nothing applied, store.ErrUnavailable)
+// once; apply and report store.ErrOutcomeUnknown; or apply, then stop the
+// node (its connections close under the call) and answer nothing.
+type faultyLocal struct {
+	forward.Local
+	mode atomic.Value // string
+	stop func()
+}
+
+func (f *faultyLocal) Append(ctx context.Context, mailbox store.ID, msgs []store.NewMessage, opts store.AppendOptions) ([]store.Message, error) {
+	switch f.mode.Swap("") {
+	case "refuse":
+		return nil, fmt.Errorf("disk full, nothing kept: %w", store.ErrUnavailable)
+	case "unknown":
+		if _, err := f.Local.Append(ctx, mailbox, msgs, opts); err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("applied, answer lost: %w", store.ErrOutcomeUnknown)
+	case "break":
+		if _, err := f.Local.Append(ctx, mailbox, msgs, opts); err != nil {
+			return nil, err
+		}
+		go f.stop()
+		<-ctx.Done() // the server's Stop cancels the call
+		return nil, ctx.Err()
+	}
+	return f.Local.Append(ctx, mailbox, msgs, opts)
+}
+
+// TestOutcomeUnknownNotRetried: a write the manager refused having applied
+// nothing is retried and applied once; one the manager applied and then
+// reported of unknown outcome, or applied and then lost its connection
+// before answering, fails at the sender with ErrOutcomeUnknown (and
+// store.ErrOutcomeUnknown, never store.ErrUnavailable) and is not retried:
+// the message is stored exactly once, even once the sender's node has
+// taken the user over.
+func TestOutcomeUnknownNotRetried(t *testing.T) {
+	st, err := embedded.Open(filepath.Join(t.TempDir(), "store"), embedded.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	ctx := context.Background()
+	if _, _, err := credentials.Init(ctx, st, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	a := startNode(t, st, 10*time.Second)
+	b := startNode(t, st, 10*time.Second, a.c.Addr())
+	eventually(t, 20*time.Second, "both nodes manage every bucket between them", func() error { return managedTotal(a, b) })
+	f := &faultyLocal{Local: b.mgr, stop: func() {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		b.c.Shutdown(sctx)
+	}}
+	h, err := forward.NewHandler(f, b.c.Owner(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.c.ServeForwarded(h)
+	var user string
+	for i := 0; ; i++ {
+		user = fmt.Sprintf("user%d@example.test", i)
+		if _, err := b.c.Owner().Epoch(user); err == nil {
+			break
+		}
+	}
+	if err := st.CreateUser(ctx, store.User{Address: user, PasswordHash: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	inbox, _ := st.GetMailbox(ctx, user, "INBOX")
+	msg := func() []store.NewMessage { return []store.NewMessage{{Body: []byte("x\r\n"), Size: 3}} }
+	count := func() uint32 {
+		t.Helper()
+		mb, err := st.GetMailboxByID(ctx, inbox.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mb.Messages
+	}
+
+	f.mode.Store("refuse")
+	if _, err := a.fs.Append(ctx, inbox.ID, msg(), store.AppendOptions{}); err != nil {
+		t.Fatalf("append refused once by the manager, then retried: %v", err)
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("after a refusal and its retry: %d messages, want 1", n)
+	}
+
+	f.mode.Store("unknown")
+	_, err = a.fs.Append(ctx, inbox.ID, msg(), store.AppendOptions{})
+	if !errors.Is(err, forward.ErrOutcomeUnknown) || !errors.Is(err, store.ErrOutcomeUnknown) || errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("append the manager applied and reported unknown = %v, want ErrOutcomeUnknown only", err)
+	}
+	if n := count(); n != 2 {
+		t.Fatalf("after the unknown append: %d messages, want 2", n)
+	}
+
+	f.mode.Store("break")
+	_, err = a.fs.Append(ctx, inbox.ID, msg(), store.AppendOptions{})
+	if !errors.Is(err, forward.ErrOutcomeUnknown) || !errors.Is(err, store.ErrOutcomeUnknown) || errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("append applied by a manager that stopped before answering = %v, want ErrOutcomeUnknown", err)
+	}
+	t.Logf("sender's error: %v", err)
+	if n := count(); n != 3 {
+		t.Fatalf("after the append whose answer was lost: %d messages, want 3 (applied once)", n)
+	}
+	// a takes the user over; the next write goes through it, once.
+	got, err := a.fs.Append(ctx, inbox.ID, msg(), store.AppendOptions{})
+	if err != nil {
+		t.Fatalf("append after the takeover: %v", err)
+	}
+	if n := count(); n != 4 || got[0].UID != 4 {
+		t.Fatalf("after the takeover: %d messages, UID %d; want 4 and 4", n, got[0].UID)
+	}
+	if forwarded(a, "unknown") != 2 {
+		t.Fatalf("quill_cluster_forwarded_total{result=unknown} = %v, want 2", forwarded(a, "unknown"))
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -20,7 +21,11 @@ import (
 // Handler applies the writes other nodes forward to this one through the
 // local user manager, each only while this node manages its user
 // (Owner.Begin); otherwise it answers FAILED_PRECONDITION having applied
-// nothing. It implements cluster.Forwarded. The user a request names is
+// nothing. Every status it answers carries an ErrorInfo detail (domain
+// errorDomain) saying whether the write was refused (nothing applied),
+// failed as the store error the code stands for, or is of unknown
+// outcome (UNKNOWN), so that the sender tells the manager's answers from
+// the statuses gRPC makes up for a call broken on the way. It implements cluster.Forwarded. The user a request names is
 // the sender's reading of the mailbox's owner; the user manager itself
 // refuses a mailbox of another user where it builds batches.
 type Handler struct {
@@ -48,24 +53,28 @@ func (h *Handler) apply(op, user string, fn func() error) error {
 	_, done, err := h.owner.Begin(user)
 	if err != nil {
 		h.applied.WithLabelValues(op, "not_manager").Inc()
-		return status.Error(codes.FailedPrecondition, err.Error())
+		return answer(codes.FailedPrecondition, reasonRefused, err.Error())
 	}
 	err = fn()
 	derr := done()
 	switch {
+	case errors.Is(err, store.ErrOutcomeUnknown):
+		h.applied.WithLabelValues(op, "error").Inc()
+		return toStatus(err)
 	case errors.Is(err, ownership.ErrNotManager), errors.Is(err, ownership.ErrHandoff), errors.Is(err, ownership.ErrNoLease):
 		// The user manager's own check (usermgr.Owner) found the bucket
 		// moved since Begin: nothing was applied.
 		h.applied.WithLabelValues(op, "not_manager").Inc()
-		return status.Error(codes.FailedPrecondition, err.Error())
+		return answer(codes.FailedPrecondition, reasonRefused, err.Error())
 	case err != nil:
 		h.applied.WithLabelValues(op, "error").Inc()
 		return toStatus(err)
 	case derr != nil:
 		// Applied, but the lease lapsed before it completed: not
-		// acknowledged, and the outcome is the sender's to doubt.
+		// acknowledged, and not refused either (a successor's adoption
+		// may or may not have fenced it).
 		h.applied.WithLabelValues(op, "error").Inc()
-		return status.Error(codes.Internal, derr.Error())
+		return answer(codes.Unknown, reasonUnknown, derr.Error())
 	}
 	h.applied.WithLabelValues(op, "ok").Inc()
 	return nil
@@ -105,7 +114,7 @@ func (h *Handler) SetFlags(ctx context.Context, req *clusterpb.SetFlagsRequest) 
 		return nil, err
 	}
 	if req.Op > uint32(store.FlagsRemove) {
-		return nil, status.Errorf(codes.InvalidArgument, "flag operation %d", req.Op)
+		return nil, answer(codes.InvalidArgument, reasonFailed, fmt.Sprintf("flag operation %d", req.Op))
 	}
 	var res store.FlagResult
 	err = h.apply("set_flags", req.User, func() (err error) {
@@ -179,7 +188,7 @@ func (h *Handler) DeleteUser(ctx context.Context, req *clusterpb.DeleteUserReque
 func idFrom(b []byte) (store.ID, error) {
 	var id store.ID
 	if len(b) != len(id) {
-		return id, status.Errorf(codes.InvalidArgument, "an ID of %d bytes", len(b))
+		return id, answer(codes.InvalidArgument, reasonFailed, fmt.Sprintf("an ID of %d bytes", len(b)))
 	}
 	copy(id[:], b)
 	return id, nil
@@ -197,27 +206,70 @@ func messageFrom(m *clusterpb.Message) store.Message {
 		Size: m.Size, Blob: blob}
 }
 
+// errorDomain is the ErrorInfo domain of the statuses Handler answers.
+const errorDomain = "quill.forward"
+
+// The ErrorInfo reasons: what the manager's answer says of the write.
+const (
+	reasonRefused = "REFUSED" // nothing applied; another attempt may succeed
+	reasonFailed  = "FAILED"  // nothing applied; the code is the store error
+	reasonUnknown = "UNKNOWN" // store.ErrOutcomeUnknown: applied or not, unknown
+)
+
+// answer is a status of the manager's own, with its ErrorInfo detail.
+func answer(code codes.Code, reason, msg string) error {
+	st := status.New(code, msg)
+	if d, err := st.WithDetails(&errdetails.ErrorInfo{Domain: errorDomain, Reason: reason}); err == nil {
+		st = d
+	}
+	return st.Err()
+}
+
+// answerReason returns the reason of st's ErrorInfo detail from the
+// manager, or "" if it has none: a status gRPC made up, or one of an
+// older node.
+func answerReason(st *status.Status) string {
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == errorDomain {
+			return info.GetReason()
+		}
+	}
+	return ""
+}
+
 // Store errors on the wire: each classified error has its own code, so
 // that the sender's caller classifies it as if the write were local.
+// store.ErrUnavailable shares UNAVAILABLE with a broken connection and
+// store.ErrOutcomeUnknown UNKNOWN with a failed handler: the detail tells
+// them apart.
 var errCodes = []struct {
-	err  error
-	code codes.Code
+	err    error
+	code   codes.Code
+	reason string
 }{
-	{store.ErrNotFound, codes.NotFound},
-	{store.ErrExists, codes.AlreadyExists},
-	{store.ErrOverQuota, codes.ResourceExhausted},
-	{store.ErrConflict, codes.Aborted},
-	{store.ErrInvalid, codes.InvalidArgument},
-	{store.ErrUnavailable, codes.Unavailable},
+	{store.ErrOutcomeUnknown, codes.Unknown, reasonUnknown},
+	{store.ErrNotFound, codes.NotFound, reasonFailed},
+	{store.ErrExists, codes.AlreadyExists, reasonFailed},
+	{store.ErrOverQuota, codes.ResourceExhausted, reasonFailed},
+	{store.ErrConflict, codes.Aborted, reasonFailed},
+	{store.ErrInvalid, codes.InvalidArgument, reasonFailed},
+	{store.ErrUnavailable, codes.Unavailable, reasonRefused},
+}
+
+// definiteCodes are the codes of errCodes that gRPC itself never makes up
+// (grpc-go's doc/statuscodes.md): whoever sent them answered definitely,
+// with or without the detail.
+var definiteCodes = map[codes.Code]bool{
+	codes.NotFound: true, codes.AlreadyExists: true, codes.Aborted: true, codes.InvalidArgument: true,
 }
 
 func toStatus(err error) error {
 	for _, e := range errCodes {
 		if errors.Is(err, e.err) {
-			return status.Error(e.code, err.Error())
+			return answer(e.code, e.reason, err.Error())
 		}
 	}
-	return status.Error(codes.Internal, err.Error())
+	return answer(codes.Internal, reasonFailed, err.Error())
 }
 
 // fromStatus turns a manager's error back into the store's.
