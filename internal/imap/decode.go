@@ -36,6 +36,7 @@ type source interface {
 // beyond what the client may see of its own command.
 type protoError struct {
 	no   bool   // NO rather than BAD
+	bye  bool   // no tagged response: an untagged BYE, and the connection closes
 	code string // response code without brackets, e.g. "TOOBIG"
 	text string
 }

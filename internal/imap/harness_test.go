@@ -162,6 +162,13 @@ func newTestBackendWith(t testing.TB, opts embedded.Options) *testBackend {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close() })
+	return newTestBackendOn(t, e)
+}
+
+// newTestBackendOn is newTestBackend over an open engine e (the embedded
+// one, or a fault injector around it), which the caller closes.
+func newTestBackendOn(t testing.TB, e store.Engine) *testBackend {
+	t.Helper()
 	hub := mailbox.NewHub()
 	events := &mutableNotifier{hub: hub}
 	st := usermgr.New(e, usermgr.Options{Notifier: events})

@@ -12,8 +12,17 @@ import (
 // BAD or NO, a response code (RFC 5530) and a text that never carries
 // internal detail. Errors it does not know are temporary failures, logged
 // here. counts reports whether the reply counts towards MaxErrors.
+//
+// A write whose outcome is unknown (mailbox.ErrOutcomeUnknown) gets no
+// tagged response at all: a NO would promise that nothing happened, an OK
+// that it did. The session sends BYE (RFC 9051 section 7.1.5) and closes,
+// so that the client, as after a lost connection, reconnects and finds out
+// (docs/adr/0030).
 func (s *session) replyFor(err error) (pe *protoError, counts bool) {
 	switch {
+	case errors.Is(err, mailbox.ErrOutcomeUnknown):
+		s.log.Warn("imap: outcome of a write unknown, closing the connection without a reply", "user", s.user, "err", err)
+		return &protoError{no: true, bye: true, code: "UNAVAILABLE", text: "outcome of the last command unknown, check and retry"}, false
 	case errors.As(err, &pe):
 		return pe, true
 	case errors.Is(err, auth.ErrInvalidCredentials):
@@ -48,9 +57,15 @@ func (s *session) replyFor(err error) (pe *protoError, counts bool) {
 }
 
 // respond sends the tagged (or untagged, tag "*") failure for err and
-// applies the error budget.
+// applies the error budget; or, for a write of unknown outcome, BYE
+// instead, ending the session.
 func (s *session) respond(tag string, err error) {
 	pe, counts := s.replyFor(err)
+	if pe.bye {
+		s.enc.raw("* BYE [").raw(pe.code).raw("] ").raw(pe.text).crlf()
+		s.closing = true
+		return
+	}
 	s.enc.raw(tag)
 	if pe.no {
 		s.enc.raw(" NO ")

@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 
+	"quill/internal/mailbox"
 	"quill/internal/textconn"
 )
 
@@ -314,7 +315,7 @@ func (s *session) command(ctx context.Context, line []byte) {
 	}
 	var pe *protoError
 	isBad := errors.As(err, &pe) && !pe.no
-	if !isBad && s.view != nil && s.state == stateSelected {
+	if !isBad && s.view != nil && s.state == stateSelected && !errors.Is(err, mailbox.ErrOutcomeUnknown) {
 		s.poll(ctx, !h.noExpunge)
 	}
 	if err != nil {

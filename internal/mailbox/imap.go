@@ -38,6 +38,9 @@ func classify(err error, what string) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, store.ErrOutcomeUnknown):
+		// Whatever else it wraps, the write may have been applied.
+		return fmt.Errorf("mailbox: %s: %w", what, err)
 	case errors.Is(err, store.ErrNotFound):
 		kind = ErrNoSuchMailbox
 	case errors.Is(err, store.ErrExists):
