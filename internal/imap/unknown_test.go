@@ -87,4 +87,3 @@ func TestWriteOfUnknownOutcome(t *testing.T) {
 		})
 	}
 }
-
