@@ -45,12 +45,25 @@ var errTooManyRecipients = errReply(452, "4.5.3", "Too many recipients")
 
 var genericTempFailure = reply{451, "4.3.0", "Temporary failure, please try again later"}
 
+// noReply is what replyFor gives a delivery whose outcome is unknown
+// (delivery.ErrOutcomeUnknown): no reply at all, and the connection
+// closes. RFC 5321 section 3.8 has the client treat a connection lost
+// after the data as a temporary failure and send the message again: a
+// duplicate, which section 6.1 prefers to a loss, where a 451 would
+// promise that nothing was stored and a 250 that it was (docs/adr/0030).
+var noReply = reply{}
+
+// none reports whether r is noReply.
+func (r reply) none() bool { return r.code == 0 }
+
 // replyFor is the one place that turns an error into what the client sees.
 // known is false for unclassified errors: they become a generic temporary
 // failure and the caller logs the detail, which never reaches the client.
 func replyFor(err error) (r reply, known bool) {
 	var re *replyError
 	switch {
+	case errors.Is(err, delivery.ErrOutcomeUnknown):
+		return noReply, true
 	case errors.As(err, &re):
 		return reply(*re), true
 	case errors.Is(err, delivery.ErrRelayDenied):

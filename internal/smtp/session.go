@@ -37,6 +37,7 @@ type session struct {
 	errors      int    // failed commands (MaxErrors)
 	commands    int    // commands before authentication (MaxCommandsBeforeAuth)
 	lastCode    int    // code of the last reply written
+	verb        string // of the command being run, for metrics
 	pendingLine []byte // a command read while a BDAT body was expected
 	closing     bool   // the session ends after the current reply
 	replyBuf    []byte // writeReply's, reused; replyArr at first
@@ -218,10 +219,24 @@ func (s *session) writeReply(r reply) {
 // told.
 func (s *session) writeError(err error, what string) {
 	r, known := replyFor(err)
+	if r.none() {
+		s.closeUnanswered(err)
+		return
+	}
 	if !known {
 		s.log.Warn(what+" failed", "err", err)
 	}
 	s.writeReply(r)
+}
+
+// closeUnanswered ends the session without a reply to the end of a
+// message whose delivery outcome is unknown (noReply): the replies
+// already written still go out, then the connection closes. It counts as
+// the command's error.
+func (s *session) closeUnanswered(err error) {
+	s.log.Warn("outcome of the delivery unknown, closing the connection without a reply", "err", err)
+	s.srv.Metrics.CommandError(metricName(s.verb))
+	s.closing = true
 }
 
 // countError counts a failed command and, over the limit, ends the session
@@ -254,6 +269,7 @@ func (s *session) command(line string) {
 		}
 	}
 	s.srv.Metrics.Command(metricName(verb))
+	s.verb = verb
 	if err == nil {
 		err = s.dispatch(cmd)
 	}
@@ -573,7 +589,9 @@ func (s *session) deliver(body io.Reader, complete func() bool) ([]error, error)
 
 // finish answers the end of a message and ends the transaction. LMTP gets
 // one reply per recipient in RCPT order (RFC 2033 section 4.2); SMTP one
-// for all.
+// for all. A delivery of unknown outcome gets none (noReply): SMTP closes
+// the connection without answering, LMTP after the replies of the
+// recipients before the first unknown one.
 func (s *session) finish(results []error, err error) {
 	defer func() { s.tx = nil }()
 	if s.closing {
@@ -593,6 +611,13 @@ func (s *session) finish(results []error, err error) {
 		for i, rc := range s.tx.rcpts {
 			if e := rcptErr(i); e != nil {
 				r, _ := replyFor(e)
+				if r.none() {
+					// Replies are matched to recipients by position, so
+					// the ones before this recipient's go out and the
+					// rest, known or not, are left to the retry.
+					s.closeUnanswered(e)
+					return
+				}
 				s.writeReply(reply{r.code, r.enh, "<" + rc.Address.String() + "> " + r.text})
 			} else {
 				s.writeReply(reply{250, "2.0.0", "<" + rc.Address.String() + "> Delivered"})
@@ -614,6 +639,11 @@ func (s *session) finish(results []error, err error) {
 			continue
 		}
 		r, known := replyFor(e)
+		if r.none() {
+			// One reply for all: none can be given.
+			s.closeUnanswered(e)
+			return
+		}
 		if !known {
 			s.log.Warn("delivery to recipient failed", "rcpt", s.tx.rcpts[i].User, "err", e)
 		}

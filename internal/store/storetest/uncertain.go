@@ -17,9 +17,10 @@ import (
 type Uncertain struct {
 	store.Engine
 	w store.BatchWriter
-	// armed is how many of the next applied batches are reported
-	// unknown; injected counts those that were.
+	// armed is how many of the next applied batches (of user, if set)
+	// are reported unknown; injected counts those that were.
 	armed, injected atomic.Int64
+	user            atomic.Pointer[string]
 }
 
 // NewUncertain wraps e, which must implement store.BatchWriter.
@@ -32,7 +33,16 @@ func NewUncertain(e store.Engine) *Uncertain {
 }
 
 // Arm makes the next n batches the engine applies be reported unknown.
-func (u *Uncertain) Arm(n int) { u.armed.Store(int64(n)) }
+func (u *Uncertain) Arm(n int) {
+	u.user.Store(nil)
+	u.armed.Store(int64(n))
+}
+
+// ArmUser is Arm for the batches of one user only.
+func (u *Uncertain) ArmUser(user string, n int) {
+	u.user.Store(&user)
+	u.armed.Store(int64(n))
+}
 
 // Injected returns how many batches were reported unknown.
 func (u *Uncertain) Injected() int { return int(u.injected.Load()) }
@@ -47,6 +57,9 @@ func (u *Uncertain) SubmitBatch(ctx context.Context, b *store.Batch) (func() err
 	return func() error {
 		if err := wait(); err != nil {
 			return err
+		}
+		if only := u.user.Load(); only != nil && *only != b.User {
+			return nil
 		}
 		for {
 			n := u.armed.Load()
