@@ -16,6 +16,8 @@ type replyError struct {
 	text string
 	// fatal replies end the session after they are sent.
 	fatal bool
+	// silent: no response at all, and the session ends (implies fatal).
+	silent bool
 }
 
 func (e *replyError) Error() string { return "pop3: " + e.text }
@@ -47,6 +49,13 @@ var (
 	errTimeout       = &replyError{text: "[SYS/TEMP] autologout: idle timeout", fatal: true}
 	errShuttingDown  = &replyError{text: "[SYS/TEMP] server shutting down, try again later", fatal: true}
 	errTemporary     = &replyError{text: "[SYS/TEMP] temporary failure, try again later"}
+	errUpdateFailed  = &replyError{text: "[SYS/TEMP] some deleted messages not removed", fatal: true}
+	// errUnanswered answers an UPDATE whose outcome is unknown
+	// (mailbox.ErrOutcomeUnknown): -ERR would say that some deletions may
+	// not have been made, +OK that all were; the connection closes with
+	// neither, and the client, as after a lost connection, finds out in
+	// its next session (docs/adr/0030).
+	errUnanswered = &replyError{text: "outcome unknown", fatal: true, silent: true}
 )
 
 // errorReply is the one place that turns an error into the text of a -ERR
@@ -56,6 +65,9 @@ var (
 func errorReply(log *slog.Logger, err error) (e *replyError, counts bool) {
 	var re *replyError
 	switch {
+	case errors.Is(err, mailbox.ErrOutcomeUnknown):
+		log.Warn("pop3: outcome of the update unknown, closing the connection without a reply", "err", err)
+		return errUnanswered, false
 	case errors.As(err, &re):
 		return re, re != errTemporary
 	case errors.Is(err, textconn.ErrLineTooLong):

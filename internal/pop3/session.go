@@ -154,6 +154,10 @@ func (s *session) fail(name string, err error) {
 		s.cfg.metrics.CommandError(name)
 	}
 	re, counts := errorReply(s.log, err)
+	if re.silent {
+		s.closeOnReply = true
+		return
+	}
 	text := re.text
 	if counts && !re.fatal {
 		s.errors++

@@ -7,6 +7,8 @@ import (
 	"io"
 	"strconv"
 	"sync"
+
+	"quill/internal/mailbox"
 )
 
 // copyBufSize is the RETR/TOP copy buffer and the size the connection's
@@ -208,8 +210,10 @@ func (s *session) cmdQuit(ctx context.Context, cmd Command) error {
 	drop := s.drop
 	s.drop = nil // Commit unlocks; end must not Close as well
 	if err := drop.Commit(ctx, del); err != nil {
-		s.log.Error("pop3: UPDATE failed", "deleted", len(del), "err", err)
-		return &replyError{text: "[SYS/TEMP] some deleted messages not removed", fatal: true}
+		if !errors.Is(err, mailbox.ErrOutcomeUnknown) {
+			s.log.Error("pop3: UPDATE failed", "deleted", len(del), "err", err)
+		}
+		return fmt.Errorf("%w: %w", errUpdateFailed, err) // errorReply decides
 	}
 	s.log.Info("pop3: logged out", "deleted", len(del))
 	s.writef("+OK %s signing off (%d messages deleted)", s.cfg.hostname, len(del))
