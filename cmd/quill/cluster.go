@@ -130,6 +130,9 @@ func clusterStatus(args []string, stdout, stderr io.Writer) error {
 		sessions, cpu := "-", "-"
 		if n.Load != nil {
 			sessions, cpu = strconv.Itoa(n.Load.Sessions), fmt.Sprintf("%.1f%%", 100*n.Load.CPU)
+			if n.Load.Overloaded {
+				cpu += " OVERLOADED"
+			}
 		} else if n.Error != "" {
 			cpu = "(" + n.Error + ")"
 		}

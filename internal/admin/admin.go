@@ -9,8 +9,9 @@
 // status) and /api/cluster/drain drains a node (quill cluster drain).
 //
 // Health and readiness answer different questions. /readyz is 503 whenever
-// the node should not be sent traffic: while starting or draining, and
-// while its store cannot write (a full disk), with the reason. /healthz is
+// the node should not be sent traffic: while starting or draining, while
+// it is overloaded (it refuses new connections then), and while its store
+// cannot write (a full disk), with the reason. /healthz is
 // 503 only when a restart is the remedy (the store failed for good); a full
 // disk keeps it 200, saying why the node is degraded, because restarting
 // would not free space and would drop the sessions still reading mail.
@@ -53,6 +54,8 @@ type Options struct {
 	// Ready reports whether the node serves traffic (false while starting
 	// and draining).
 	Ready func() bool
+	// Overloaded reports whether the node is overloaded (nil: never).
+	Overloaded func() bool
 	// Store reports the store's health (nil: always writable).
 	Store func() store.Health
 	// Cluster is the node's cluster (nil: the node runs alone).
@@ -111,6 +114,10 @@ func NewHandler(o Options) http.Handler {
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if o.Ready != nil && !o.Ready() {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		if o.Overloaded != nil && o.Overloaded() {
+			http.Error(w, "not ready: overloaded", http.StatusServiceUnavailable)
 			return
 		}
 		if h := health(); !h.Writable {

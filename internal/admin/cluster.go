@@ -51,6 +51,8 @@ type ClusterNode struct {
 type NodeLoad struct {
 	Sessions int     `json:"sessions"`
 	CPU      float64 `json:"cpu"`
+	// Overloaded: the node refuses new client connections.
+	Overloaded bool `json:"overloaded"`
 }
 
 // DrainRequest is POST /api/cluster/drain.

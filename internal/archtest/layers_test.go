@@ -30,7 +30,7 @@ var allowed = map[string][]string{
 	"bench/compare": {"internal/auth", "internal/loadgen", "internal/server", "internal/store", "internal/store/embedded"},
 
 	// Composition root: may import everything below it.
-	"internal/server": {"internal/admin", "internal/auth", "internal/cluster", "internal/cluster/events", "internal/cluster/forward", "internal/config", "internal/delivery", "internal/imap", "internal/mailbox",
+	"internal/server": {"internal/admin", "internal/auth", "internal/cluster", "internal/cluster/events", "internal/cluster/forward", "internal/config", "internal/delivery", "internal/imap", "internal/load", "internal/mailbox",
 		"internal/pop3", "internal/smtp", "internal/store", "internal/store/cassandra", "internal/store/embedded", "internal/textconn",
 		"internal/usermgr"},
 
@@ -75,14 +75,16 @@ var allowed = map[string][]string{
 	// The node's part of the cluster: starts the pieces above in order,
 	// serves the Node RPC service, computes the status view.
 	"internal/cluster": {"internal/cluster/clusterpb", "internal/cluster/credentials", "internal/cluster/events", "internal/cluster/membership",
-		"internal/cluster/ownership", "internal/cluster/transport", "internal/cluster/usermap", "internal/store"},
+		"internal/cluster/ownership", "internal/cluster/transport", "internal/cluster/usermap", "internal/load", "internal/store"},
 	// Forwarded writes: the store that routes each mailbox write to the
 	// user's manager, and the handler that applies what others forward.
 	"internal/cluster/forward": {"internal/cluster/clusterpb", "internal/cluster/ownership", "internal/store"},
 
 	// Leaves.
-	"internal/config":                {"internal/mail"},
-	"internal/textconn":              {},
+	"internal/config":   {"internal/mail"},
+	"internal/textconn": {},
+	// The node's own load and its overload decision.
+	"internal/load":                  {},
 	"internal/textconn/textconntest": {},
 	"internal/procs":                 {},
 	"internal/mail":                  {},

@@ -26,7 +26,7 @@ func startNodeWith(t *testing.T, st credentials.Secrets, local hubRecorder, join
 	t.Helper()
 	n, err := Start(context.Background(), Options{
 		DataDir: t.TempDir(), Addr: "127.0.0.1:0", Join: join, Secrets: st, Ownership: st.(store.Ownership),
-		Sessions: func() int { return 0 }, Local: local,
+		Local: local,
 	})
 	if err != nil {
 		t.Fatal(err)

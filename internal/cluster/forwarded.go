@@ -44,7 +44,7 @@ func (s *service) Append(ctx context.Context, req *clusterpb.AppendRequest) (*cl
 	}
 	r, err := f.Append(ctx, req)
 	if r != nil {
-		r.Load = loadTo(s.n.load.current())
+		r.Load = loadTo(s.n.currentLoad())
 	}
 	return r, err
 }
@@ -56,7 +56,7 @@ func (s *service) SetFlags(ctx context.Context, req *clusterpb.SetFlagsRequest) 
 	}
 	r, err := f.SetFlags(ctx, req)
 	if r != nil {
-		r.Load = loadTo(s.n.load.current())
+		r.Load = loadTo(s.n.currentLoad())
 	}
 	return r, err
 }
@@ -68,7 +68,7 @@ func (s *service) Expunge(ctx context.Context, req *clusterpb.ExpungeRequest) (*
 	}
 	r, err := f.Expunge(ctx, req)
 	if r != nil {
-		r.Load = loadTo(s.n.load.current())
+		r.Load = loadTo(s.n.currentLoad())
 	}
 	return r, err
 }
@@ -80,7 +80,7 @@ func (s *service) Move(ctx context.Context, req *clusterpb.MoveRequest) (*cluste
 	}
 	r, err := f.Move(ctx, req)
 	if r != nil {
-		r.Load = loadTo(s.n.load.current())
+		r.Load = loadTo(s.n.currentLoad())
 	}
 	return r, err
 }
@@ -92,7 +92,7 @@ func (s *service) DeleteMailbox(ctx context.Context, req *clusterpb.DeleteMailbo
 	}
 	r, err := f.DeleteMailbox(ctx, req)
 	if r != nil {
-		r.Load = loadTo(s.n.load.current())
+		r.Load = loadTo(s.n.currentLoad())
 	}
 	return r, err
 }
@@ -104,7 +104,7 @@ func (s *service) DeleteUser(ctx context.Context, req *clusterpb.DeleteUserReque
 	}
 	r, err := f.DeleteUser(ctx, req)
 	if r != nil {
-		r.Load = loadTo(s.n.load.current())
+		r.Load = loadTo(s.n.currentLoad())
 	}
 	return r, err
 }

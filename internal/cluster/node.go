@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"quill/internal/load"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,9 +60,9 @@ type Options struct {
 	Ownership store.Ownership
 	// LeaseTerm is the lease term (ownership.DefaultTerm when zero).
 	LeaseTerm time.Duration
-	// Sessions returns the client connections open on this node's
-	// protocol listeners, for its load.
-	Sessions func() int
+	// Load is the node's load monitor, whose figures go with every reply
+	// to the other nodes; nil reports none. The caller stops it.
+	Load *load.Monitor
 	// Local hears the change events of the other nodes (the hub of this
 	// node's sessions).
 	Local      events.Local
@@ -77,7 +78,7 @@ type Node struct {
 	mem   atomic.Pointer[membership.Membership] // nil until membership started
 	own   atomic.Pointer[ownership.Owner]       // nil until ownership started
 	fwd   atomic.Pointer[Forwarded]             // nil until ServeForwarded
-	load  *loadSampler
+	load  *load.Monitor
 	fan   *events.Fanout
 	// peersDone is closed when the goroutine that keeps fan's peers in
 	// step with membership has returned.
@@ -108,12 +109,7 @@ func Start(ctx context.Context, opts Options) (n *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	n = &Node{log: opts.Logger, creds: creds, load: startLoadSampler(opts.Sessions), peersDone: make(chan struct{})}
-	defer func() {
-		if err != nil {
-			n.load.stop()
-		}
-	}()
+	n = &Node{log: opts.Logger, creds: creds, load: opts.Load, peersDone: make(chan struct{})}
 	local := opts.Local
 	if local == nil {
 		local = discard{}
@@ -206,7 +202,6 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		<-n.peersDone
 		n.fan.Close()
 		err = errors.Join(err, n.tr.Shutdown(ctx))
-		n.load.stop()
 		n.shutdownErr = err
 	})
 	return n.shutdownErr

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"quill/internal/load"
 	"testing"
 	"time"
 
@@ -26,9 +27,14 @@ func openStore(t *testing.T) *embedded.Engine {
 
 func startNode(t *testing.T, st credentials.Secrets, sessions int, join ...string) *Node {
 	t.Helper()
+	mon, err := load.Start(load.Options{Sessions: func() int { return sessions }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(mon.Stop)
 	n, err := Start(context.Background(), Options{
 		DataDir: t.TempDir(), Addr: "127.0.0.1:0", Join: join, Secrets: st, Ownership: st.(store.Ownership), LeaseTerm: time.Second,
-		Sessions: func() int { return sessions },
+		Load: mon,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -131,19 +137,4 @@ func TestStatusAndDrain(t *testing.T) {
 	}
 	all[c.ID()] = membership.Dead
 	eventually(t, "c dead, its buckets on a and b", func() error { return check(a, all) })
-}
-
-func TestLoadCPU(t *testing.T) {
-	l := startLoadSampler(func() int { return 2 })
-	defer l.stop()
-	// Burn CPU for a moment: the load must show it.
-	deadline := time.Now().Add(300 * time.Millisecond)
-	x := 0
-	for time.Now().Before(deadline) {
-		x++
-	}
-	ld := l.current()
-	if ld.Sessions != 2 || ld.CPU <= 0 || ld.CPU > 1.5 {
-		t.Fatalf("load %+v after a busy loop (%d)", ld, x)
-	}
 }

@@ -74,7 +74,7 @@ func (n *Node) Status(ctx context.Context) Status {
 		st.Nodes[i] = ns
 		switch {
 		case ns.Self:
-			ld := n.load.current()
+			ld := n.currentLoad()
 			st.Nodes[i].Load = &ld
 		case m.State == membership.Dead:
 		default:
@@ -170,11 +170,17 @@ func loadFrom(l *clusterpb.Load) Load {
 	if l == nil {
 		return Load{}
 	}
-	return Load{Sessions: int(l.Sessions), CPU: l.Cpu}
+	return Load{Sessions: int(l.Sessions), CPU: l.Cpu, Overloaded: l.Overloaded}
 }
 
 func loadTo(l Load) *clusterpb.Load {
-	return &clusterpb.Load{Sessions: uint32(max(l.Sessions, 0)), Cpu: l.CPU}
+	return &clusterpb.Load{Sessions: uint32(max(l.Sessions, 0)), Cpu: l.CPU, Overloaded: l.Overloaded}
+}
+
+// currentLoad is this node's load now, as reported to the others.
+func (n *Node) currentLoad() Load {
+	ld := n.load.Current()
+	return Load{Sessions: ld.Sessions, CPU: ld.CPU, Overloaded: ld.Overloaded}
 }
 
 // service is the Node RPC service this node serves to the others.
@@ -196,7 +202,7 @@ func (s *service) Status(ctx context.Context, _ *clusterpb.StatusRequest) (*clus
 			draining = m.Meta.Draining
 		}
 	}
-	return &clusterpb.StatusReply{NodeId: s.n.ID(), Addr: s.n.Addr(), State: string(selfState(draining)), Load: loadTo(s.n.load.current())}, nil
+	return &clusterpb.StatusReply{NodeId: s.n.ID(), Addr: s.n.Addr(), State: string(selfState(draining)), Load: loadTo(s.n.currentLoad())}, nil
 }
 
 func (s *service) Drain(ctx context.Context, req *clusterpb.DrainRequest) (*clusterpb.DrainReply, error) {
@@ -209,5 +215,5 @@ func (s *service) Drain(ctx context.Context, req *clusterpb.DrainRequest) (*clus
 	}
 	caller, _ := transport.PeerNode(ctx)
 	s.n.log.Info("cluster: draining set by another node", "draining", req.Draining, "by", caller)
-	return &clusterpb.DrainReply{State: string(selfState(req.Draining)), Load: loadTo(s.n.load.current())}, nil
+	return &clusterpb.DrainReply{State: string(selfState(req.Draining)), Load: loadTo(s.n.currentLoad())}, nil
 }

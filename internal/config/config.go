@@ -93,6 +93,10 @@ type Limits struct {
 	// durable); a body that would exceed it waits, then gets a temporary
 	// error. A body alone in flight is always accepted.
 	BodyMemoryBudget int64 `toml:"body_memory_budget"`
+	// OverloadLatency: while the Go scheduler's latency (p90 over each
+	// quarter second) stays above it, the node is overloaded and refuses
+	// new connections at once (internal/load). Zero turns that off.
+	OverloadLatency Duration `toml:"overload_latency"`
 }
 
 // Auth configures authentication.
@@ -288,6 +292,9 @@ func Default() Config {
 			// message beside others, or hundreds of typical ones at once;
 			// docs/configuration.md has what it bounds in practice.
 			BodyMemoryBudget: 64 << 20,
+			// One wait to run in ten over half a second, sustained:
+			// replies take seconds (load.DefaultThreshold).
+			OverloadLatency: Duration{500 * time.Millisecond},
 			// Long enough for a transaction in progress to finish; short
 			// enough for a service manager's stop timeout (90 s in systemd).
 			ShutdownTimeout: Duration{30 * time.Second},
@@ -414,6 +421,9 @@ func (c *Config) Validate() error {
 	}
 	if lim.BodyMemoryBudget < 1<<20 {
 		bad("limits.body_memory_budget must be at least 1 MiB")
+	}
+	if lim.OverloadLatency.Duration < 0 {
+		bad("limits.overload_latency must not be negative (0 turns shedding off)")
 	}
 	for _, d := range []struct {
 		name string

@@ -202,6 +202,7 @@ func (s *Server) init() {
 		s.accept.Metrics = s.Metrics
 		s.accept.Limiter = s.Limiter
 		s.accept.LimitReply = "* BYE [UNAVAILABLE] too many connections, try again later\r\n"
+		s.accept.OverloadReply = "* BYE [UNAVAILABLE] server overloaded, try again later\r\n"
 	})
 }
 

@@ -154,6 +154,7 @@ func (s *Server) init() {
 		s.accept.Metrics = s.Metrics
 		s.accept.Limiter = s.Limiter
 		s.accept.LimitReply = "-ERR [SYS/TEMP] too many connections, try again later\r\n"
+		s.accept.OverloadReply = "-ERR [SYS/TEMP] server overloaded, try again later\r\n"
 	})
 }
 

@@ -29,7 +29,7 @@ func (c clusterAPI) Status(ctx context.Context) (admin.ClusterStatus, error) {
 			out.Nodes[i].Managed = &managed
 		}
 		if n.Load != nil {
-			out.Nodes[i].Load = &admin.NodeLoad{Sessions: n.Load.Sessions, CPU: n.Load.CPU}
+			out.Nodes[i].Load = &admin.NodeLoad{Sessions: n.Load.Sessions, CPU: n.Load.CPU, Overloaded: n.Load.Overloaded}
 		}
 	}
 	return out, nil

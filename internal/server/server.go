@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"quill/internal/load"
 	"runtime/debug"
 	"slices"
 	"sort"
@@ -82,6 +83,7 @@ type Server struct {
 	store   nodeStore
 	engine  store.Engine
 	cluster *cluster.Node // nil with the cluster off
+	load    *load.Monitor
 	reg     *prometheus.Registry
 	ready   atomic.Bool
 
@@ -124,8 +126,18 @@ func (s *Server) Start() (err error) {
 		return err
 	}
 	// One connection limiter for every listener; its count of sessions is
-	// also the node's load in the cluster.
+	// also the node's load in the cluster. It refuses new connections
+	// while the load monitor finds the node overloaded.
 	limiter := textconn.NewLimiter(cfg.Limits.MaxConnectionsPerIP, cfg.Limits.MaxConnections)
+	threshold := cfg.Limits.OverloadLatency.Duration
+	if threshold == 0 {
+		threshold = -1 // off: measured, never shed
+	}
+	if s.load, err = load.Start(load.Options{Threshold: threshold, Sessions: limiter.Active,
+		Logger: s.log.With("component", "load"), Registerer: s.reg}); err != nil {
+		return err
+	}
+	limiter.ShedWhen(s.load)
 	// The change hub wakes IMAP sessions (IDLE) when a mailbox changes; the
 	// user manager, this node's one writer of every user's mailboxes,
 	// announces each durable write there, and with the cluster on also to
@@ -133,7 +145,7 @@ func (s *Server) Start() (err error) {
 	hub := mailbox.NewHub()
 	var notifier usermgr.Notifier = hub
 	if config.Enabled(cfg.Cluster.Addr) {
-		if err := s.startCluster(limiter.Active, hub); err != nil {
+		if err := s.startCluster(hub); err != nil {
 			return err
 		}
 		notifier = s.cluster.Events()
@@ -273,7 +285,7 @@ func (s *Server) Start() (err error) {
 // startCluster starts this node's part of the cluster (credentials from
 // the store, transport, membership: internal/cluster), before any listener
 // serves, so that a ready node has joined.
-func (s *Server) startCluster(sessions func() int, local events.Local) error {
+func (s *Server) startCluster(local events.Local) error {
 	secrets, ok := s.engine.(store.Secrets)
 	if !ok {
 		return fmt.Errorf("cluster: store engine %T keeps no secrets", s.engine)
@@ -288,7 +300,7 @@ func (s *Server) startCluster(sessions func() int, local events.Local) error {
 	node, err := cluster.Start(ctx, cluster.Options{
 		DataDir: s.cfg.DataDir, Addr: c.Addr, Advertise: c.AdvertiseAddr, Join: c.Join,
 		DetectionTimeout: c.DetectionTimeout.Duration, Secrets: secrets, Ownership: own, LeaseTerm: c.LeaseTerm.Duration,
-		Sessions: sessions, Local: local,
+		Load: s.load, Local: local,
 		Logger: s.log.With("component", "cluster"), Registerer: s.reg,
 	})
 	if err != nil {
@@ -343,13 +355,14 @@ func (s *Server) startAdmin(authn *auth.Authenticator) error {
 	s.listeners["admin"] = ln
 	s.admin = &http.Server{
 		Handler: admin.NewHandler(admin.Options{
-			Directory: &auth.Directory{Store: s.store},
-			Gatherer:  s.reg,
-			Ready:     s.ready.Load,
-			Store:     storeHealth(s.engine),
-			Cluster:   clusterAdmin(s.cluster),
-			Token:     token,
-			Logger:    s.log.With("component", "admin"),
+			Directory:  &auth.Directory{Store: s.store},
+			Gatherer:   s.reg,
+			Ready:      s.ready.Load,
+			Overloaded: s.load.Overloaded,
+			Store:      storeHealth(s.engine),
+			Cluster:    clusterAdmin(s.cluster),
+			Token:      token,
+			Logger:     s.log.With("component", "admin"),
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       time.Minute,
@@ -466,6 +479,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if s.store != nil {
 		err = errors.Join(err, s.store.Close())
 	}
+	s.load.Stop()
 	s.log.Info("quill stopped", "err", err)
 	return err
 }
@@ -489,6 +503,7 @@ func (s *Server) closeAll() {
 	if s.store != nil {
 		s.store.Close()
 	}
+	s.load.Stop()
 }
 
 // openStore opens the configured engine (see OpenStore).

@@ -212,6 +212,8 @@ func (s *Server) init() {
 			Metrics:    s.Metrics,
 			Limiter:    s.Limiter,
 			LimitReply: fmt.Sprintf("421 4.7.0 %s Too many connections, try again later\r\n", s.Hostname),
+			// RFC 3463 4.3.2: system not accepting network messages.
+			OverloadReply: fmt.Sprintf("421 4.3.2 %s Service overloaded, try again later\r\n", s.Hostname),
 		}
 	})
 }

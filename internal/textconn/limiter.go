@@ -5,13 +5,15 @@ import (
 	"sync"
 )
 
-// Limiter bounds connections per remote address and in total. One Limiter
-// is shared by every listener of a node. IPv6 peers are counted per /64,
-// the smallest prefix a single host is usually given, so that one host
-// cannot evade the limit by rotating addresses. A nil *Limiter admits
+// Limiter bounds connections per remote address and in total, and refuses
+// every new connection while the node is overloaded (ShedWhen). One
+// Limiter is shared by every listener of a node. IPv6 peers are counted
+// per /64, the smallest prefix a single host is usually given, so that one
+// host cannot evade the limit by rotating addresses. A nil *Limiter admits
 // everything. It is safe for concurrent use.
 type Limiter struct {
 	perIP, total int
+	overload     Overload // nil: never overloaded
 
 	mu struct {
 		sync.Mutex
@@ -28,14 +30,30 @@ func NewLimiter(perIP, total int) *Limiter {
 	return l
 }
 
+// Overload says whether the node is overloaded now (load.Monitor).
+type Overload interface{ Overloaded() bool }
+
+// ShedWhen makes the Limiter refuse new connections while o reports the
+// node overloaded. It must be called before the Limiter is used.
+func (l *Limiter) ShedWhen(o Overload) { l.overload = o }
+
+// refusal says why acquire did not admit a connection.
+type refusal uint8
+
+const (
+	admitted refusal = iota
+	overLimit
+	overloaded
+)
+
 // Acquire admits one connection from ip. When ok, release must be called
 // exactly once when the connection ends (further calls are no-ops).
 func (l *Limiter) Acquire(ip netip.Addr) (release func(), ok bool) {
 	if l == nil {
 		return func() {}, true
 	}
-	t, ok := l.acquire(ip)
-	if !ok {
+	t, r := l.acquire(ip)
+	if r != admitted {
 		return nil, false
 	}
 	var once sync.Once
@@ -50,26 +68,29 @@ type ticket struct {
 
 // acquire is Acquire without the release closure: the Server keeps the
 // ticket and calls release with it exactly once.
-func (l *Limiter) acquire(ip netip.Addr) (ticket, bool) {
+func (l *Limiter) acquire(ip netip.Addr) (ticket, refusal) {
 	if l == nil {
-		return ticket{}, true
+		return ticket{}, admitted
+	}
+	if l.overload != nil && l.overload.Overloaded() {
+		return ticket{}, overloaded
 	}
 	key := PeerKey(ip)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.total > 0 && l.mu.n >= l.total {
-		return ticket{}, false
+		return ticket{}, overLimit
 	}
 	// Peers without an IP (unix sockets) count only against the total.
 	perIP := ip.IsValid()
 	if perIP && l.perIP > 0 && l.mu.byIP[key] >= l.perIP {
-		return ticket{}, false
+		return ticket{}, overLimit
 	}
 	l.mu.n++
 	if perIP {
 		l.mu.byIP[key]++
 	}
-	return ticket{key: key, perIP: perIP}, true
+	return ticket{key: key, perIP: perIP}, admitted
 }
 
 // Active returns the number of connections admitted and not yet released

@@ -34,7 +34,7 @@ func NewMetrics(reg prometheus.Registerer, listener string) *Metrics {
 		}),
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "quill_connections_rejected_total", ConstLabels: labels,
-			Help: "Connections refused because a connection limit was reached.",
+			Help: "Connections refused because a connection limit was reached or the node was overloaded.",
 		}),
 		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quill_commands_total", ConstLabels: labels,

@@ -36,6 +36,10 @@ type Server struct {
 	// LimitReply is written to a connection refused by the Limiter before
 	// it is closed, e.g. "421 4.7.0 Too many connections\r\n".
 	LimitReply string
+	// OverloadReply is written instead to a connection refused because
+	// the node is overloaded (Limiter.ShedWhen), e.g. "421 4.3.2 Service
+	// overloaded\r\n"; empty means LimitReply.
+	OverloadReply string
 
 	wg sync.WaitGroup // one per worker goroutine and per Serve
 	// work hands an accepted connection to an idle worker (unbuffered: a
@@ -144,25 +148,25 @@ const maxIdleWorkers = 64
 // accepted is a connection handed to a worker with its Limiter verdict.
 type accepted struct {
 	nc       net.Conn
-	ticket   ticket // the Limiter's, if ok
-	ok       bool
+	ticket   ticket  // the Limiter's, if admitted
+	refused  refusal // admitted, or why not
 	ctx      context.Context
 	shutdown <-chan struct{}
 }
 
 func (s *Server) start(nc net.Conn) {
-	t, ok := s.Limiter.acquire(addrPort(nc.RemoteAddr()).Addr())
+	t, r := s.Limiter.acquire(addrPort(nc.RemoteAddr()).Addr())
 	s.mu.Lock()
 	if s.mu.closing {
 		s.mu.Unlock()
 		nc.Close()
-		if ok {
+		if r == admitted {
 			s.Limiter.release(t)
 		}
 		return
 	}
 	s.mu.conns[nc] = struct{}{}
-	a := accepted{nc: nc, ticket: t, ok: ok, ctx: s.mu.ctx, shutdown: s.mu.shutdown}
+	a := accepted{nc: nc, ticket: t, refused: r, ctx: s.mu.ctx, shutdown: s.mu.shutdown}
 	s.mu.Unlock()
 
 	select {
@@ -205,12 +209,21 @@ func (s *Server) serveConn(a accepted) {
 		s.mu.Unlock()
 		nc.Close()
 	}()
-	if !a.ok {
+	if a.refused != admitted {
 		s.Metrics.reject()
-		s.logger().Info("connection refused: limit reached", "listener", s.Name, "remote", nc.RemoteAddr().String())
-		if s.LimitReply != "" {
+		reply := s.LimitReply
+		if a.refused == overloaded {
+			// The monitor logs the overload once; a line per refused
+			// connection would add to it.
+			if s.OverloadReply != "" {
+				reply = s.OverloadReply
+			}
+		} else {
+			s.logger().Info("connection refused: limit reached", "listener", s.Name, "remote", nc.RemoteAddr().String())
+		}
+		if reply != "" {
 			_ = nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
-			_, _ = nc.Write([]byte(s.LimitReply))
+			_, _ = nc.Write([]byte(reply))
 		}
 		return
 	}

@@ -38,7 +38,10 @@ type Load struct {
 	Sessions uint32 `protobuf:"varint,1,opt,name=sessions,proto3" json:"sessions,omitempty"`
 	// The process's CPU time over the last few seconds, as a fraction of
 	// the CPUs the machine has: 0 is idle, 1 every CPU busy.
-	Cpu           float64 `protobuf:"fixed64,2,opt,name=cpu,proto3" json:"cpu,omitempty"`
+	Cpu float64 `protobuf:"fixed64,2,opt,name=cpu,proto3" json:"cpu,omitempty"`
+	// The node is overloaded (its scheduler cannot keep up) and refuses new
+	// client connections.
+	Overloaded    bool `protobuf:"varint,3,opt,name=overloaded,proto3" json:"overloaded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -85,6 +88,13 @@ func (x *Load) GetCpu() float64 {
 		return x.Cpu
 	}
 	return 0
+}
+
+func (x *Load) GetOverloaded() bool {
+	if x != nil {
+		return x.Overloaded
+	}
+	return false
 }
 
 type StatusRequest struct {
@@ -1158,10 +1168,13 @@ var File_cluster_proto protoreflect.FileDescriptor
 
 const file_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\rcluster.proto\x12\x10quill.cluster.v1\"4\n" +
+	"\rcluster.proto\x12\x10quill.cluster.v1\"T\n" +
 	"\x04Load\x12\x1a\n" +
 	"\bsessions\x18\x01 \x01(\rR\bsessions\x12\x10\n" +
-	"\x03cpu\x18\x02 \x01(\x01R\x03cpu\"\x0f\n" +
+	"\x03cpu\x18\x02 \x01(\x01R\x03cpu\x12\x1e\n" +
+	"\n" +
+	"overloaded\x18\x03 \x01(\bR\n" +
+	"overloaded\"\x0f\n" +
 	"\rStatusRequest\"|\n" +
 	"\vStatusReply\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +

@@ -1,4 +1,4 @@
-// The cluster's change events (docs/adr/0028): a node whose user manager
+// The cluster's change events (docs/adr/0029): a node whose user manager
 // made a write durable tells the other nodes which mailboxes changed, so
 // that their IMAP sessions on those mailboxes (IDLE, or selected) look at
 // the change log at once instead of at their next poll.

@@ -260,8 +260,12 @@ func TestRollForward(t *testing.T) {
 	if err != nil || !applied {
 		t.Fatalf("committing the stalled op: %v, %v", applied, err)
 	}
-	if m, err := e.GetMailboxByID(ctx, inbox.ID); err != nil || m.UIDNext != 1 || m.Messages != 0 {
-		t.Fatalf("mailbox with a pending op = %+v, %v; want it as before the op", m, err)
+	// Committed: readers show it at once, from its record.
+	if m, err := e.GetMailboxByID(ctx, inbox.ID); err != nil || m.UIDNext != 2 || m.Messages != 1 || m.HighestModSeq != 2 {
+		t.Fatalf("mailbox with a pending op = %+v, %v; want it as after the op", m, err)
+	}
+	if msgs, err := e.ListMessages(ctx, inbox.ID, 1, 10); err != nil || len(msgs) != 1 || msgs[0].Blob != blob || msgs[0].ModSeq != 2 {
+		t.Fatalf("messages with a pending append = %+v, %v; want its message", msgs, err)
 	}
 	blob2, n2, err := e.PutBlob(ctx, strings.NewReader("next\r\n"), 0)
 	if err != nil {

@@ -17,8 +17,13 @@
 //     head; the next writer that waits longer than RollForwardAfter applies
 //     it (the writes are idempotent and timestamped, so a late duplicate
 //     from the slow original is harmless) and clears it.
-//   - Readers report a mailbox as it was before its pending operation and
-//     hide that operation's rows, so a half-applied operation is never seen.
+//   - A pending operation is committed: the LWT that recorded it is the
+//     operation's linearization point, and someone applies it. Readers
+//     therefore report the mailbox after it, taking its effects from the
+//     record in the head (pendingView), not from its rows, which may be
+//     written in part: hiding it instead would show a flag change or
+//     expunge half done (its rows overwrite or delete rows readers list)
+//     and a MODSEQ above the HIGHESTMODSEQ reported beside it.
 //
 // Partitions are bounded: messages and the change log are partitioned by
 // (mailbox, UID or MODSEQ >> bucketBits); blob bytes by (blob, chunk). The

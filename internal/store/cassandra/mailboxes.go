@@ -10,8 +10,9 @@ import (
 	"quill/internal/store"
 )
 
-// head is a mailbox row: the mailbox as readers see it (before any pending
-// operation) plus the pending operation itself.
+// head is a mailbox row: the mailbox as readers see it (after its pending
+// operation, if any: see the package comment) plus the pending operation
+// itself.
 type head struct {
 	store.Mailbox
 	// raw counters as the last LWT left them (including pending)
@@ -52,8 +53,6 @@ func scanHead(id store.ID, scan func(...any) error) (head, error) {
 			return h, err
 		}
 		h.pending = o
-		h.UIDNext, h.HighestModSeq = uint32(o.Before.UIDNext), uint64(o.Before.ModSeq)
-		h.Messages, h.Size = uint32(o.Before.Messages), o.Before.Size
 	}
 	return h, nil
 }

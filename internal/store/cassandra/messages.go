@@ -119,8 +119,9 @@ func scanMessage(scan func(...any) bool) (store.Message, bool) {
 	return m, true
 }
 
-// ListMessages reads the UID buckets in order; it hides the messages of an
-// operation still pending (UIDs at or above the visible UIDNEXT).
+// ListMessages reads the UID buckets in order, up to the head's UIDNEXT,
+// and shows a pending operation whole (pending.go). Rows beyond limit are
+// read for the messages a pending expunge removes, and cut after.
 func (e *Engine) ListMessages(ctx context.Context, mailbox store.ID, from uint32, limit int) ([]store.Message, error) {
 	h, err := e.readHead(ctx, mailbox, false)
 	if err != nil {
@@ -130,10 +131,14 @@ func (e *Engine) ListMessages(ctx context.Context, mailbox store.ID, from uint32
 		from = 1
 	}
 	end := int64(h.UIDNext) // exclusive
+	want := limit
+	if h.pending != nil {
+		want += len(h.pending.Msgs)
+	}
 	var out []store.Message
-	for b := bucketOf(uint64(from)); int64(b)<<bucketBits < end && len(out) < limit; b++ {
+	for b := bucketOf(uint64(from)); int64(b)<<bucketBits < end && len(out) < want; b++ {
 		it := e.read(ctx, `SELECT `+messageColumns+` FROM messages WHERE mailbox = ? AND bucket = ? AND uid >= ? AND uid < ? LIMIT ?`,
-			mailbox[:], b, int64(from), end, limit-len(out)).PageSize(500).Iter()
+			mailbox[:], b, int64(from), end, want-len(out)).PageSize(500).Iter()
 		for {
 			m, ok := scanMessage(it.Scan)
 			if !ok {
@@ -144,6 +149,12 @@ func (e *Engine) ListMessages(ctx context.Context, mailbox store.ID, from uint32
 		if err := it.Close(); err != nil {
 			return nil, wrap("listing messages", err)
 		}
+	}
+	if h.pending != nil {
+		out = h.pending.overlay(out, from)
+	}
+	if len(out) > limit {
+		out = out[:limit]
 	}
 	return out, nil
 }
@@ -161,6 +172,9 @@ func (e *Engine) GetMessage(ctx context.Context, mailbox store.ID, uid uint32) (
 	m, ok := scanMessage(it.Scan)
 	if err := it.Close(); err != nil {
 		return store.Message{}, wrap("reading message", err)
+	}
+	if h.pending != nil {
+		m, ok = h.pending.message(m, ok, uid)
 	}
 	if !ok {
 		return store.Message{}, fmt.Errorf("message %d: %w", uid, store.ErrNotFound)
@@ -285,11 +299,12 @@ func (e *Engine) Expunge(ctx context.Context, mailbox store.ID, uids []uint32) (
 	return gone, o.ModSeq, nil
 }
 
-// Changes reads the MODSEQ buckets in order up to the visible
-// HIGHESTMODSEQ (an operation still pending is hidden). An expunge may
-// delete rows at or below its new floor while the buckets are read; it
-// raised the floor in the head first, so reading the head again after the
-// rows tells whether the answer may be partial.
+// Changes reads the MODSEQ buckets in order up to HIGHESTMODSEQ; the
+// entries of a pending operation, the highest MODSEQ, come from its record
+// (pending.go), not from its rows, which may be written in part. An
+// expunge may delete rows at or below its new floor while the buckets are
+// read; it raised the floor in the head first, so reading the head again
+// after the rows tells whether the answer may be partial.
 func (e *Engine) Changes(ctx context.Context, mailbox store.ID, since uint64, limit int) ([]store.Change, error) {
 	h, err := e.readHead(ctx, mailbox, false)
 	if err != nil {
@@ -328,6 +343,10 @@ func (e *Engine) Changes(ctx context.Context, mailbox store.ID, since uint64, li
 		if err := it.Close(); err != nil {
 			return nil, wrap("reading change log", err)
 		}
+	}
+	if p := h.pending; p != nil && since < p.ModSeq && (len(out) < limit || out[len(out)-1].ModSeq == p.ModSeq) {
+		out = slices.DeleteFunc(out, func(c store.Change) bool { return c.ModSeq == p.ModSeq })
+		out = append(out, p.changes()...)
 	}
 	if h, err = e.readHead(ctx, mailbox, false); err != nil {
 		return nil, err
