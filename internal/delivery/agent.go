@@ -85,7 +85,7 @@ func NewAgent(st Store, opts Options) *Agent {
 		st: st, opts: opts, log: opts.Logger, domains: map[string]bool{},
 		delivered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quill_deliveries_total",
-			Help: "Per-recipient delivery outcomes (ok, over_quota, error).",
+			Help: "Per-recipient delivery outcomes (ok, over_quota, unknown: stored or not, error).",
 		}, []string{"result"}),
 		bytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "quill_delivered_bytes_total",
@@ -273,6 +273,9 @@ func (a *Agent) Deliver(ctx context.Context, m Message) ([]error, error) {
 			a.delivered.WithLabelValues("ok").Inc()
 		case errors.Is(results[i], ErrMailboxFull):
 			a.delivered.WithLabelValues("over_quota").Inc()
+		case errors.Is(results[i], ErrOutcomeUnknown):
+			// Logged by the front end, which answers it (ADR 0030).
+			a.delivered.WithLabelValues("unknown").Inc()
 		default:
 			a.delivered.WithLabelValues("error").Inc()
 			a.log.Error("delivery failed", "user", r.User, "err", results[i])
