@@ -37,8 +37,8 @@ import (
 //     HIGHESTMODSEQ, then the head at base(E).
 //   - Superseded versions, expunged rows, pruned expunges and released
 //     blobs are deleted after the batch that supersedes them was
-//     acknowledged, by this process, once it has read the head back with
-//     its own epoch (batchgc.go).
+//     acknowledged, by this process, once it has read the head back (at
+//     the read consistency) with its own epoch (batchgc.go).
 type Batches struct {
 	e *Engine
 
@@ -245,9 +245,9 @@ func scanBHead(id store.ID, scan func(...any) error) (bhead, error) {
 }
 
 // readHead reads a mailbox's record at the read consistency, or with
-// strong at the serial consistency (the adoption's and the collector's
-// read-back, which must see every head write acknowledged at the write
-// consistency).
+// strong at the serial consistency, the strongest the engine has (an
+// adoption's read). Both see every head write acknowledged at the write
+// consistency as long as R + W > RF (docs/cassandra.md).
 func (b *Batches) readHead(ctx context.Context, id store.ID, strong bool) (bhead, error) {
 	if err := b.require(ctx); err != nil {
 		return bhead{}, err

@@ -15,7 +15,7 @@ import (
 // rows and superseded change entries are deleted later). A batch's
 // garbage is queued once the batch is acknowledged (its heads written)
 // and collected by this process's collector, which first reads each
-// mailbox's head back at the serial consistency and collects only what a
+// mailbox's head back at the read consistency and collects only what a
 // head of the batch's own epoch, at or above the batch's, covers: a batch
 // that a later epoch fenced away supersedes nothing. Every deletion is
 // stamped with the superseding batch's timestamp, above every row it
@@ -188,28 +188,55 @@ func (c *collector) round(ctx context.Context, items []gcItem) {
 	c.mu.Unlock()
 	sem := make(chan struct{}, 8)
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	released := map[store.ID]gcItem{} // blob -> one of the holders let go
 	for _, id := range order {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			if err := c.mailbox(ctx, id, by[id]); err != nil {
+			rel, err := c.mailbox(ctx, id, by[id])
+			if err != nil {
 				c.b.log.Warn("collecting a mailbox's garbage; some stays", "mailbox", id, "err", err)
+			}
+			mu.Lock()
+			for _, it := range rel {
+				released[it.blob] = it
+			}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	// Each blob once, after every reference this round let go is gone:
+	// releases of one blob at once would each see the other's reference
+	// and keep it.
+	for blob, it := range released {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := c.release(ctx, blob, it.mailbox, int64(it.uid)); err != nil {
+				c.b.log.Warn("releasing a blob; it stays", "blob", blob, "err", err)
 			}
 		}()
 	}
 	wg.Wait()
 }
 
-func (c *collector) mailbox(ctx context.Context, id store.ID, items []gcItem) error {
+// mailbox collects one mailbox's items and returns the expunges whose
+// blobs are to be released.
+func (c *collector) mailbox(ctx context.Context, id store.ID, items []gcItem) ([]gcItem, error) {
 	b := c.b
-	h, err := b.readHead(ctx, id, true)
+	// At the read consistency (R + W > RF: it sees every head write
+	// acknowledged at the write consistency), as ADR 0024 says: QUORUM.
+	h, err := b.readHead(ctx, id, false)
 	if isNotFound(err) {
-		return nil // deleted meanwhile: it took its rows along
+		return nil, nil // deleted meanwhile: it took its rows along
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	m := b.mbox(id)
 	defer b.unpin(m)
@@ -228,19 +255,8 @@ func (c *collector) mailbox(ctx context.Context, id store.ID, items []gcItem) er
 	if len(keep) > 0 {
 		_ = b.verified(m, keep[0].epoch, h) // a read-back is a verification too
 	}
-	// Expunges of one blob release it once, after all their references
-	// went: concurrent releases of one blob would each see the other's
-	// reference and both keep it.
-	released := map[store.ID][]gcItem{}
-	var rest []gcItem
-	for _, it := range keep {
-		if it.kind == gcExpunged {
-			released[it.blob] = append(released[it.blob], it)
-		} else {
-			rest = append(rest, it)
-		}
-	}
 	var errs []error
+	var released []gcItem
 	var mu sync.Mutex
 	note := func(err error) {
 		if err != nil {
@@ -260,29 +276,31 @@ func (c *collector) mailbox(ctx context.Context, id store.ID, items []gcItem) er
 			note(f())
 		}()
 	}
-	for _, it := range rest {
-		if it.kind == gcPrune {
+	for _, it := range keep {
+		switch it.kind {
+		case gcPrune:
 			continue // after the others
-		}
-		spawn(func() error { return c.collect(ctx, id, it) })
-	}
-	for blob, its := range released {
-		spawn(func() error {
-			for _, it := range its {
-				if err := c.expunged(ctx, id, it); err != nil {
-					return err
+		case gcExpunged:
+			spawn(func() error {
+				err := c.expunged(ctx, id, it)
+				if err == nil {
+					mu.Lock()
+					released = append(released, it)
+					mu.Unlock()
 				}
-			}
-			return c.release(ctx, blob, id, int64(its[len(its)-1].uid))
-		})
+				return err
+			})
+		default:
+			spawn(func() error { return c.collect(ctx, id, it) })
+		}
 	}
 	wg.Wait()
-	for _, it := range rest {
+	for _, it := range keep {
 		if it.kind == gcPrune {
 			note(c.prune(ctx, id, it))
 		}
 	}
-	return errors.Join(errs...)
+	return released, errors.Join(errs...)
 }
 
 func (c *collector) collect(ctx context.Context, id store.ID, it gcItem) error {

@@ -260,18 +260,18 @@ func (b *Batches) writeHead(ctx context.Context, id store.ID, epoch uint64, ts i
 	return b.e.write(ctx, headUpdate, headArgs(id, epoch, ts, v)...).Exec()
 }
 
-// verify reads m's head back at the serial consistency, with m.adopt
+// verify reads m's head back at the read consistency, with m.adopt
 // held. A head of a later epoch deposes this writer; a head of its own
 // epoch becomes the verified one, from which it may write window further.
 func (b *Batches) verify(ctx context.Context, m *bmbox, epoch uint64) error {
-	h, err := b.readHead(ctx, m.id, true)
+	h, err := b.readHead(ctx, m.id, false)
 	if err != nil {
 		return err
 	}
 	return b.verified(m, epoch, h)
 }
 
-// verified records a head read back at the serial consistency.
+// verified records a head read back.
 func (b *Batches) verified(m *bmbox, epoch uint64, h bhead) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
