@@ -48,6 +48,9 @@ type Batches struct {
 
 	gc  *collector
 	log *slog.Logger
+	// win is how far beyond its verified head this view writes: window,
+	// or less in tests.
+	win int64
 	// noFence, set only by tests, makes adoptions skip their tombstones:
 	// TestFencingWithoutTombstones shows that the fencing test then fails.
 	noFence bool
@@ -67,7 +70,7 @@ var (
 // mode on a keyspace that holds ordered mailboxes.
 func (e *Engine) Batches() *Batches {
 	e.batchesOnce.Do(func() {
-		b := &Batches{e: e, mboxes: map[store.ID]*bmbox{}, users: map[string]*bpipe{}, log: e.log}
+		b := &Batches{e: e, mboxes: map[store.ID]*bmbox{}, users: map[string]*bpipe{}, log: e.log, win: window}
 		b.gc = newCollector(b)
 		e.batches = b
 	})

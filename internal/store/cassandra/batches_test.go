@@ -137,3 +137,94 @@ func TestRestartWithinEpoch(t *testing.T) {
 		t.Fatalf("Check = %v, %v", problems, err)
 	}
 }
+
+// TestWindow: a writer goes at most a window beyond the head it last read
+// back with its own epoch. One that keeps writing after another adopted
+// its mailbox (ignoring its lease) is stopped at the end of its window;
+// one whose manager skipped numbers (failed batches never reuse theirs)
+// bridges the gap with a head write and goes on.
+func TestWindow(t *testing.T) {
+	ctx := context.Background()
+	ks := newKeyspace(t)
+	ea, eb := openTest(t, ks), openTest(t, ks)
+	defer ea.Close()
+	defer eb.Close()
+	ba, bb := ea.Batches(), eb.Batches()
+	ba.win = 8
+	if err := ba.CreateUser(ctx, store.User{Address: "w@example.test"}); err != nil {
+		t.Fatal(err)
+	}
+	inbox, err := ba.GetMailbox(ctx, "w@example.test", "INBOX")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ma := usermgr.New(ba, usermgr.Options{Owner: epochOwner(1)})
+	mb := usermgr.New(bb, usermgr.Options{Owner: epochOwner(2)})
+	one := func(m *usermgr.Manager, mbox store.ID, body string) error {
+		_, err := m.Append(ctx, mbox, []store.NewMessage{{Body: []byte(body), Size: int64(len(body))}}, store.AppendOptions{})
+		return err
+	}
+	for i := 0; i < 3; i++ {
+		if err := one(ma, inbox.ID, "a"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := one(mb, inbox.ID, "b"); err != nil {
+		t.Fatal(err)
+	}
+	late := 0
+	for ; late < 20; late++ {
+		err := one(ma, inbox.ID, "late")
+		if errors.Is(err, store.ErrConflict) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("late append %d: %v", late, err)
+		}
+	}
+	if late == 20 || late > int(ba.win) {
+		t.Fatalf("the deposed writer wrote %d batches after the takeover; its window is %d", late, ba.win)
+	}
+	if err := one(ma, inbox.ID, "late"); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("append after deposition: %v, want ErrConflict", err)
+	}
+	if msgs, err := mb.ListMessages(ctx, inbox.ID, 1, 100); err != nil || len(msgs) != 4 {
+		t.Fatalf("messages = %d, %v; want the 4 acknowledged before and after the takeover", len(msgs), err)
+	}
+
+	// Skipped numbers: appends of a missing blob fail after their rows,
+	// and the manager never reuses their UIDs. (Another keyspace: the
+	// deposed writer's fenced bodies above are a leak Check reports.)
+	es := openTest(t, newKeyspace(t))
+	defer es.Close()
+	bs := es.Batches()
+	bs.win = 8
+	if err := bs.CreateUser(ctx, store.User{Address: "s@example.test"}); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := bs.GetMailbox(ctx, "s@example.test", "INBOX")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ma = usermgr.New(bs, usermgr.Options{})
+	for i := 0; i < 12; i++ {
+		_, err := ma.Append(ctx, sb.ID, []store.NewMessage{{Blob: store.NewID(), Size: 1}}, store.AppendOptions{})
+		if !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("append of a missing blob: %v", err)
+		}
+	}
+	if err := one(ma, sb.ID, "after the gap"); err != nil {
+		t.Fatalf("append beyond the window after failures: %v", err)
+	}
+	h, err := bs.GetMailboxByID(ctx, sb.ID)
+	if err != nil || h.Messages != 1 || h.UIDNext <= 13 {
+		t.Fatalf("mailbox after the gap = %+v, %v", h, err)
+	}
+	problems, err := ma.Check(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Error(p)
+	}
+}

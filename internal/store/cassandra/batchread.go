@@ -329,8 +329,8 @@ func (b *Batches) changes(ctx context.Context, mailbox store.ID, since uint64, l
 	}
 	upper := h.HighestModSeq
 	var out []store.Change
-	for cursor := since; cursor < upper && len(out) < max(limit, 1); {
-		need := max(limit-len(out), 1)
+	for cursor := since; cursor < upper && len(out) < limit; {
+		need := limit - len(out)
 		v, cutV, err := b.fetchSection(ctx, mailbox, sectionVersions, cursor, upper, need)
 		if err != nil {
 			return nil, err

@@ -26,7 +26,8 @@ const (
 	// maxN is the highest counter within an epoch.
 	maxN = 1<<32 - 1
 	// window bounds, per mailbox, how far beyond the head last read back
-	// with the writer's own epoch (verified) a writer may write: UIDs
+	// with the writer's own epoch (verified) a writer may write (a view
+	// may use less: Batches.win): UIDs
 	// below verified UIDNEXT + window, MODSEQs at most verified
 	// HIGHESTMODSEQ + window, counters below verified n + window. A
 	// takeover's tombstones therefore need to cover two partitions of
@@ -205,7 +206,20 @@ func (b *Batches) adoptLocked(ctx context.Context, m *bmbox, epoch uint64) (stor
 	}
 	fence, n := base(epoch)-1, int64(0)
 	if h.written && h.epoch == epoch {
-		n = h.n + window + 1
+		b.mu.Lock()
+		own := m.epoch == epoch
+		used := m.next - 1
+		b.mu.Unlock()
+		if own {
+			// This process adopted the mailbox at this epoch (fencing
+			// whatever came before) and has handed out every counter of it
+			// since, up to used: fence just above.
+			n = max(h.n, used) + 2
+		} else {
+			// Another process of this epoch (this node before a restart)
+			// wrote at most window beyond the head it verified.
+			n = h.n + window + 1
+		}
 		if n > maxN {
 			return store.Mailbox{}, fmt.Errorf("%w: mailbox %s has used up epoch %d's timestamps: it needs a new epoch", store.ErrConflict, m.id, epoch)
 		}
@@ -387,7 +401,7 @@ func (b *Batches) SubmitBatch(ctx context.Context, bt *store.Batch) (func() erro
 	if bt.Epoch == 0 || bt.Epoch > maxEpoch {
 		return nil, fmt.Errorf("%w: batch of epoch %d", store.ErrInvalid, bt.Epoch)
 	}
-	if len(bt.Added) > window {
+	if int64(len(bt.Added)) > b.win {
 		return nil, fmt.Errorf("%w: %d messages in one batch", store.ErrInvalid, len(bt.Added))
 	}
 	if err := b.require(ctx); err != nil {
@@ -460,14 +474,14 @@ func (b *Batches) SubmitBatch(ctx context.Context, bt *store.Batch) (func() erro
 
 // need is how far a batch writes into a mailbox: the head's new UIDNEXT
 // and HIGHESTMODSEQ, and one more counter.
-func overWindow(m *bmbox, h store.HeadChange) bool {
-	return int64(h.UIDNext) > int64(m.v.uidNext)+window || h.HighestModSeq > m.v.modSeq+window || m.next >= m.vn+window
+func overWindow(m *bmbox, h store.HeadChange, win int64) bool {
+	return int64(h.UIDNext) > int64(m.v.uidNext)+win || h.HighestModSeq > m.v.modSeq+uint64(win) || m.next >= m.vn+win
 }
 
 // readyLocked reports, with b.mu held, whether a batch of epoch may be
 // queued on m now.
 func (b *Batches) readyLocked(m *bmbox, epoch uint64, h store.HeadChange) bool {
-	return m.epoch == epoch && !m.dirty && m.deposed <= epoch && !overWindow(m, h)
+	return m.epoch == epoch && !m.dirty && m.deposed <= epoch && !overWindow(m, h, b.win)
 }
 
 // ready makes m ready for a batch of epoch writing up to h, or fails.
@@ -486,7 +500,7 @@ func (b *Batches) ready(ctx context.Context, m *bmbox, epoch uint64, h store.Hea
 				return err
 			}
 			continue
-		case !overWindow(m, h):
+		case !overWindow(m, h, b.win):
 			b.mu.Unlock()
 			return nil
 		case m.durable != m.v || m.dn != m.vn:
@@ -516,11 +530,11 @@ func (b *Batches) ready(ctx context.Context, m *bmbox, epoch uint64, h store.Hea
 				return fmt.Errorf("%w: mailbox %s: batch beyond the window of its verified head", store.ErrConflict, m.id)
 			}
 			v := m.durable
-			if h.UIDNext > v.uidNext+window {
-				v.uidNext = h.UIDNext - window
+			if int64(h.UIDNext) > int64(v.uidNext)+b.win {
+				v.uidNext = uint32(int64(h.UIDNext) - b.win)
 			}
-			if h.HighestModSeq > v.modSeq+window {
-				v.modSeq = h.HighestModSeq - window
+			if h.HighestModSeq > v.modSeq+uint64(b.win) {
+				v.modSeq = h.HighestModSeq - uint64(b.win)
 			}
 			n := m.next
 			m.next++
@@ -621,8 +635,12 @@ const (
 	sectionExpunges = 1
 )
 
-// unitMax bounds the statements of one unlogged batch.
-const unitMax = 200
+// unitMax bounds the statements of one unlogged batch of one partition;
+// smallRows is the most row writes of a batch sent as one request.
+const (
+	unitMax   = 200
+	smallRows = 16
+)
 
 // plan builds j's row writes and garbage (b.mu held, for the counters).
 func (b *Batches) plan(j *bjob, bt *store.Batch, muts []bmut, idx map[store.ID]int) {
@@ -632,19 +650,20 @@ func (b *Batches) plan(j *bjob, bt *store.Batch, muts []bmut, idx map[store.ID]i
 		mb     store.ID
 		bucket int
 	}
-	units := map[pkey]*gocql.Batch{}
-	var order []*gocql.Batch
+	type row struct {
+		k    pkey
+		stmt string
+		args []any
+	}
+	var rows []row
+	// add queues a row write of mailbox mb (in partition table, key,
+	// bucket), stamped with mb's timestamp of this batch: stmt ends in
+	// USING TIMESTAMP ?.
+	addIn := func(table string, key store.ID, bucket int, mb store.ID, stmt string, args ...any) {
+		rows = append(rows, row{pkey{table, key, bucket}, stmt, append(args, muts[idx[mb]].ts)})
+	}
 	add := func(table string, mb store.ID, bucket int, stmt string, args ...any) {
-		k := pkey{table, mb, bucket}
-		u := units[k]
-		if u == nil || len(u.Entries) >= unitMax {
-			u = e.s.Batch(gocql.UnloggedBatch).Consistency(e.opts.WriteConsistency).WithTimestamp(muts[idx[mb]].ts)
-			units[k] = u
-			order = append(order, u)
-		}
-		// Every row write is idempotent (deterministic key, value and
-		// timestamp): retried on another host after an error.
-		u.Entries = append(u.Entries, gocql.BatchEntry{Stmt: stmt, Args: args, Idempotent: true})
+		addIn(table, mb, bucket, mb, stmt, args...)
 	}
 	single := func(q func(ctx context.Context) *gocql.Query) {
 		j.writes = append(j.writes, func(ctx context.Context) error { return q(ctx).Exec() })
@@ -662,13 +681,13 @@ func (b *Batches) plan(j *bjob, bt *store.Batch, muts []bmut, idx map[store.ID]i
 		uid := int64(msg.UID)
 		date := msg.InternalDate.UTC().Truncate(time.Millisecond)
 		if msg.Meta != nil {
-			add("m", mb, bucketOf(uint64(msg.UID)), `INSERT INTO bmessages (mailbox, bucket, uid, modseq, added, flags, internal_date, size, blob, meta) VALUES (?, ?, ?, 0, ?, ?, ?, ?, ?, ?)`,
+			add("m", mb, bucketOf(uint64(msg.UID)), `INSERT INTO bmessages (mailbox, bucket, uid, modseq, added, flags, internal_date, size, blob, meta) VALUES (?, ?, ?, 0, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?`,
 				mb[:], bucketOf(uint64(msg.UID)), uid, int64(msg.ModSeq), joinFlags(msg.Flags), date, msg.Size, msg.Blob[:], msg.Meta)
 		} else {
-			add("m", mb, bucketOf(uint64(msg.UID)), `INSERT INTO bmessages (mailbox, bucket, uid, modseq, added, flags, internal_date, size, blob) VALUES (?, ?, ?, 0, ?, ?, ?, ?, ?)`,
+			add("m", mb, bucketOf(uint64(msg.UID)), `INSERT INTO bmessages (mailbox, bucket, uid, modseq, added, flags, internal_date, size, blob) VALUES (?, ?, ?, 0, ?, ?, ?, ?, ?) USING TIMESTAMP ?`,
 				mb[:], bucketOf(uint64(msg.UID)), uid, int64(msg.ModSeq), joinFlags(msg.Flags), date, msg.Size, msg.Blob[:])
 		}
-		add("c", mb, bucketOf(msg.ModSeq), `INSERT INTO bchanges (mailbox, bucket, section, modseq, uid, kind, flags) VALUES (?, ?, 0, ?, ?, ?, ?)`,
+		add("c", mb, bucketOf(msg.ModSeq), `INSERT INTO bchanges (mailbox, bucket, section, modseq, uid, kind, flags) VALUES (?, ?, 0, ?, ?, ?, ?) USING TIMESTAMP ?`,
 			mb[:], bucketOf(msg.ModSeq), int64(msg.ModSeq), uid, int8(store.ChangeAdded), joinFlags(msg.Flags))
 		blob := msg.Blob
 		if a.Body != nil {
@@ -693,9 +712,7 @@ func (b *Batches) plan(j *bjob, bt *store.Batch, muts []bmut, idx map[store.ID]i
 			}
 			continue
 		}
-		single(func(ctx context.Context) *gocql.Query {
-			return e.write(ctx, `INSERT INTO blob_refs (id, mailbox, uid) VALUES (?, ?, ?)`, blob[:], mb[:], uid).WithTimestamp(ts)
-		})
+		addIn("r", blob, 0, mb, `INSERT INTO blob_refs (id, mailbox, uid) VALUES (?, ?, ?) USING TIMESTAMP ?`, blob[:], mb[:], uid)
 		j.refs = append(j.refs, refRow{blob: blob, mailbox: mb, uid: uid, ts: ts})
 		if !checked[blob] {
 			checked[blob] = true
@@ -710,24 +727,53 @@ func (b *Batches) plan(j *bjob, bt *store.Batch, muts []bmut, idx map[store.ID]i
 	}
 	for _, f := range bt.Flagged {
 		mb := f.Mailbox
-		add("m", mb, bucketOf(uint64(f.UID)), `INSERT INTO bmessages (mailbox, bucket, uid, modseq, kind) VALUES (?, ?, ?, ?, ?)`,
+		add("m", mb, bucketOf(uint64(f.UID)), `INSERT INTO bmessages (mailbox, bucket, uid, modseq, kind) VALUES (?, ?, ?, ?, ?) USING TIMESTAMP ?`,
 			mb[:], bucketOf(uint64(f.UID)), int64(f.UID), int64(f.ModSeq), int8(store.ChangeFlags))
-		add("c", mb, bucketOf(f.ModSeq), `INSERT INTO bchanges (mailbox, bucket, section, modseq, uid, kind, flags) VALUES (?, ?, 0, ?, ?, ?, ?)`,
+		add("c", mb, bucketOf(f.ModSeq), `INSERT INTO bchanges (mailbox, bucket, section, modseq, uid, kind, flags) VALUES (?, ?, 0, ?, ?, ?, ?) USING TIMESTAMP ?`,
 			mb[:], bucketOf(f.ModSeq), int64(f.ModSeq), int64(f.UID), int8(store.ChangeFlags), joinFlags(f.Flags))
 		j.gc = append(j.gc, gcItem{kind: gcSuperseded, mailbox: mb, uid: f.UID, prev: f.PrevModSeq, modseq: f.ModSeq})
 	}
 	for _, x := range bt.Expunged {
 		mb := x.Mailbox
 		for _, em := range x.Messages {
-			add("m", mb, bucketOf(uint64(em.UID)), `INSERT INTO bmessages (mailbox, bucket, uid, modseq, kind) VALUES (?, ?, ?, ?, ?)`,
+			add("m", mb, bucketOf(uint64(em.UID)), `INSERT INTO bmessages (mailbox, bucket, uid, modseq, kind) VALUES (?, ?, ?, ?, ?) USING TIMESTAMP ?`,
 				mb[:], bucketOf(uint64(em.UID)), int64(em.UID), int64(x.ModSeq), int8(store.ChangeExpunged))
-			add("c", mb, bucketOf(x.ModSeq), `INSERT INTO bchanges (mailbox, bucket, section, modseq, uid, kind) VALUES (?, ?, 1, ?, ?, ?)`,
+			add("c", mb, bucketOf(x.ModSeq), `INSERT INTO bchanges (mailbox, bucket, section, modseq, uid, kind) VALUES (?, ?, 1, ?, ?, ?) USING TIMESTAMP ?`,
 				mb[:], bucketOf(x.ModSeq), int64(x.ModSeq), int64(em.UID), int8(store.ChangeExpunged))
 			j.gc = append(j.gc, gcItem{kind: gcExpunged, mailbox: mb, uid: em.UID, prev: em.ModSeq, modseq: x.ModSeq, blob: em.Blob})
 		}
 	}
-	for _, u := range order {
-		j.writes = append(j.writes, func(ctx context.Context) error { return e.s.ExecuteBatch(u.WithContext(ctx)) })
+	// A small batch's rows go in one request (an unlogged batch over a
+	// few partitions); a large one's in one unlogged batch per partition
+	// (of at most unitMax rows), so that no request grows with the batch.
+	// Every row write is idempotent (deterministic key, value and
+	// timestamp): retried on another host after an error.
+	var units []*gocql.Batch
+	unit := func() *gocql.Batch {
+		u := e.s.Batch(gocql.UnloggedBatch).Consistency(e.opts.WriteConsistency)
+		units = append(units, u)
+		return u
+	}
+	if len(rows) <= smallRows {
+		u := unit()
+		for _, r := range rows {
+			u.Entries = append(u.Entries, gocql.BatchEntry{Stmt: r.stmt, Args: r.args, Idempotent: true})
+		}
+	} else {
+		byKey := map[pkey]*gocql.Batch{}
+		for _, r := range rows {
+			u := byKey[r.k]
+			if u == nil || len(u.Entries) >= unitMax {
+				u = unit()
+				byKey[r.k] = u
+			}
+			u.Entries = append(u.Entries, gocql.BatchEntry{Stmt: r.stmt, Args: r.args, Idempotent: true})
+		}
+	}
+	for _, u := range units {
+		if len(u.Entries) > 0 {
+			j.writes = append(j.writes, func(ctx context.Context) error { return e.s.ExecuteBatch(u.WithContext(ctx)) })
+		}
 	}
 	// Each garbage item is collected at its mailbox's timestamp of this
 	// batch: above every row it deletes.
