@@ -435,7 +435,13 @@ func (b *Batches) SubmitBatch(ctx context.Context, bt *store.Batch) (func() erro
 		b.mu.Unlock() // a failure or a deposition in between: again
 	}
 	// b.mu is held.
-	if err := b.assert(bt, muts); err != nil {
+	err := b.assert(bt, muts)
+	for i := 0; i < len(muts) && err == nil; i++ {
+		if m := muts[i].m; m.next > maxN {
+			err = fmt.Errorf("%w: mailbox %s has used up epoch %d's timestamps: it needs a new epoch", store.ErrConflict, m.id, bt.Epoch)
+		}
+	}
+	if err != nil {
 		b.mu.Unlock()
 		return func() error { return err }, nil
 	}
