@@ -228,3 +228,57 @@ func TestWindow(t *testing.T) {
 		t.Error(p)
 	}
 }
+
+// TestModeReported: Mode reports what a keyspace holds without recording
+// anything, ClaimMode records a mode once, and a keyspace of the ordered
+// mode from before the record reports ModeOrdered and refuses a claim of
+// the batch mode (what `quill cluster init` and the server rely on).
+func TestModeReported(t *testing.T) {
+	if off {
+		t.Skip("QUILL_CASSANDRA=off")
+	}
+	ctx := context.Background()
+	ks := newKeyspace(t)
+	e1, e2 := openTest(t, ks), openTest(t, ks)
+	defer e1.Close()
+	defer e2.Close()
+	if m, err := e1.Mode(ctx); err != nil || m != ModeNone {
+		t.Fatalf("Mode of a new keyspace = %q, %v; want none", m, err)
+	}
+	if m, err := e1.Mode(ctx); err != nil || m != ModeNone {
+		t.Fatalf("Mode read twice = %q, %v; want none (Mode records nothing)", m, err)
+	}
+	if err := e1.ClaimMode(ctx, ModeBatches); err != nil {
+		t.Fatalf("ClaimMode(batches): %v", err)
+	}
+	if err := e1.ClaimMode(ctx, ModeBatches); err != nil {
+		t.Fatalf("ClaimMode(batches) again: %v", err)
+	}
+	if m, err := e2.Mode(ctx); err != nil || m != ModeBatches {
+		t.Fatalf("Mode in another engine = %q, %v; want batches", m, err)
+	}
+	if err := e2.ClaimMode(ctx, ModeOrdered); !errors.Is(err, ErrModeMismatch) {
+		t.Fatalf("ClaimMode(ordered) on a batch keyspace: %v, want ErrModeMismatch", err)
+	}
+	if err := e2.ClaimMode(ctx, "other"); !errors.Is(err, store.ErrInvalid) {
+		t.Fatalf("ClaimMode(other): %v, want ErrInvalid", err)
+	}
+
+	ks2 := newKeyspace(t)
+	e3 := openTest(t, ks2)
+	defer e3.Close()
+	if err := e3.CreateUser(ctx, store.User{Address: "o@example.test"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e3.s.Query(`DELETE FROM keyspace_mode WHERE k = 0`).Exec(); err != nil {
+		t.Fatal(err)
+	}
+	e4 := openTest(t, ks2)
+	defer e4.Close()
+	if m, err := e4.Mode(ctx); err != nil || m != ModeOrdered {
+		t.Fatalf("Mode of an ordered keyspace without a record = %q, %v; want ordered", m, err)
+	}
+	if err := e4.ClaimMode(ctx, ModeBatches); !errors.Is(err, ErrModeMismatch) {
+		t.Fatalf("ClaimMode(batches) on an old ordered keyspace: %v, want ErrModeMismatch", err)
+	}
+}

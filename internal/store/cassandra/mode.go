@@ -27,6 +27,61 @@ const (
 	modeBatches = "batches"
 )
 
+// Mode is a keyspace's engine mode, as Engine.Mode reports it.
+type Mode string
+
+const (
+	// ModeNone: no mode recorded and no mailboxes; the first mailbox call
+	// of either mode, or ClaimMode, records one.
+	ModeNone Mode = ""
+	// ModeOrdered: the engine orders its own writes with LWTs (ADR 0006).
+	ModeOrdered Mode = modeOrdered
+	// ModeBatches: user managers' batches under fencing epochs (ADR 0026).
+	ModeBatches Mode = modeBatches
+)
+
+// Mode reports the keyspace's mode: the recorded one, ModeOrdered for a
+// keyspace that holds ordered mailboxes written before the record
+// existed, else ModeNone. It records nothing. A recorded mode never
+// changes, so a caller may rely on it for the life of the keyspace.
+func (e *Engine) Mode(ctx context.Context) (Mode, error) {
+	e.mode.mu.Lock()
+	defer e.mode.mu.Unlock()
+	if e.mode.mode != "" {
+		return Mode(e.mode.mode), nil
+	}
+	var mode string
+	err := e.serialRead(ctx, `SELECT mode FROM keyspace_mode WHERE k = 0`).Scan(&mode)
+	if err == nil {
+		e.mode.mode = mode
+		return Mode(mode), nil
+	}
+	if !errors.Is(err, gocql.ErrNotFound) {
+		return ModeNone, wrap("reading the keyspace mode", err)
+	}
+	var id []byte
+	err = e.read(ctx, `SELECT id FROM mailboxes LIMIT 1`).Scan(&id)
+	if err == nil {
+		return ModeOrdered, nil
+	}
+	if !errors.Is(err, gocql.ErrNotFound) {
+		return ModeNone, wrap("looking for ordered mailboxes", err)
+	}
+	return ModeNone, nil
+}
+
+// ClaimMode records m as the keyspace's mode if none is recorded (one
+// LWT), as the first mailbox call of that mode would, and returns nil
+// once the keyspace is of mode m. A keyspace of the other mode (recorded,
+// or ordered mailboxes from before the record) fails with
+// ErrModeMismatch. `quill cluster init` claims ModeBatches (ADR 0031).
+func (e *Engine) ClaimMode(ctx context.Context, m Mode) error {
+	if m != ModeOrdered && m != ModeBatches {
+		return fmt.Errorf("%w: cassandra: no engine mode %q", store.ErrInvalid, m)
+	}
+	return e.requireMode(ctx, string(m))
+}
+
 // ErrModeMismatch is returned (wrapped, and wrapping store.ErrConflict)
 // by every mailbox call of one mode on a keyspace that holds the other's.
 var ErrModeMismatch = fmt.Errorf("%w: keyspace holds mailboxes of the other engine mode", store.ErrConflict)
