@@ -25,7 +25,9 @@ import (
 // exactly once and byte-exact, per client in acknowledgement order (UIDs
 // strictly increasing as observed), MODSEQs grow with UIDs, the messages
 // delivered after the takeover are above the UIDNEXT and HIGHESTMODSEQ
-// read before the kill, and the acknowledged flag change is kept.
+// read before the kill, and the acknowledged flag change is kept. POP3
+// then deletes everything, and `quill user list --config` opens the
+// keyspace itself.
 func TestCassandraClusterBatchFailover(t *testing.T) {
 	c := useCassandra(t)
 	cfg := c.config(t, fmt.Sprintf("e2e_batches_%d", os.Getpid()), "")
@@ -227,6 +229,33 @@ func TestCassandraClusterBatchFailover(t *testing.T) {
 	}
 	if newer < 10 {
 		t.Fatalf("%d messages above the UIDNEXT %d read before the kill; want at least the 10 acknowledged after it", newer, uidNext)
+	}
+
+	// POP3 deletes everything through the new manager (expunges in the
+	// batch mode), and an admin command that opens the keyspace itself
+	// finds it in the batch mode and lists the user.
+	p, err := dialPOP3(a.Addr("pop3"), user, pass)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= len(msgs); i++ {
+		if _, err := p.cmd(fmt.Sprintf("DELE %d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Quit(); err != nil {
+		t.Fatalf("QUIT after DELE of every message: %v", err)
+	}
+	p, err = dialPOP3(a.Addr("pop3"), user, pass)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _, err := p.Stat(); err != nil || n != 0 {
+		t.Fatalf("STAT after deleting everything: %d messages, %v", n, err)
+	}
+	p.Quit()
+	if out := mustQuill(t, "", "user", "list", "--config", cfg, "--data", t.TempDir()); !strings.Contains(out, user) {
+		t.Fatalf("quill user list --config on the batch keyspace:\n%s", out)
 	}
 }
 
