@@ -309,3 +309,35 @@ func fetchModSeqs(t *testing.T, c *imapConn) []modRow {
 	sort.Slice(rows, func(i, j int) bool { return rows[i].uid < rows[j].uid })
 	return rows
 }
+
+// TestCassandraClusterRefusesOrderedKeyspace: a keyspace whose mailboxes
+// a node without the cluster wrote (the ordered mode: here `quill user
+// add --config` before any `quill cluster init`) is refused by `quill
+// cluster init`, which then creates no credentials, and by a node started
+// with the cluster, each saying what to do; a node without the cluster
+// serves it.
+func TestCassandraClusterRefusesOrderedKeyspace(t *testing.T) {
+	c := useCassandra(t)
+	cfg := c.config(t, fmt.Sprintf("e2e_ordered_%d", os.Getpid()), "")
+	mustQuill(t, "ordered-password-1\n", "user", "add", "o@example.test", "--config", cfg, "--data", t.TempDir())
+	out, err := Quill(t, "", "cluster", "init", "--config", cfg)
+	if err == nil || !strings.Contains(out, "ordered mode") || !strings.Contains(out, "new keyspace") {
+		t.Fatalf("cluster init on an ordered keyspace: %v; want a refusal naming the ordered mode and a new keyspace:\n%s", err, out)
+	}
+	args := []string{"serve", "--config", cfg, "--data", t.TempDir(), "--cluster-addr", "127.0.0.1:0"}
+	for _, name := range Listeners {
+		args = append(args, "--"+name+"-addr", "off")
+	}
+	out, err = Quill(t, "", args...)
+	if err == nil || !strings.Contains(out, "ordered mode") || !strings.Contains(out, "without --cluster-addr") {
+		t.Fatalf("serve with the cluster on an ordered keyspace: %v; want a refusal naming the ordered mode:\n%s", err, out)
+	}
+	if strings.Contains(out, "quill cluster init --config FILE once") {
+		t.Fatalf("serve looked for credentials that cluster init must not have created:\n%s", out)
+	}
+	s := startServer(t, Options{ConfigFile: cfg})
+	if err := smtpSend(s.Addr("smtp"), false, "sender@remote.test", []string{"o@example.test"},
+		testMessage("sender@remote.test", "o@example.test", "ordered", token())); err != nil {
+		t.Fatalf("delivery through a node without the cluster on the ordered keyspace: %v", err)
+	}
+}
