@@ -99,7 +99,8 @@ func OpenStore(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (
 	return e, nil
 }
 
-// The messages a node gives when the keyspace's mode does not fit it.
+// The messages a node gives when the keyspace's mode does not fit it; the
+// errors wrap cassandra.ErrModeMismatch (a store.ErrConflict).
 const (
 	errOrderedForCluster = "cassandra keyspace %s holds mailboxes in the ordered mode (written by nodes without the cluster, one LWT ordering each change); " +
 		"a node with the cluster on writes in the batch mode, and the two never mix on one keyspace: " +
@@ -121,7 +122,7 @@ func fitStoreMode(ctx context.Context, e store.Engine, keyspace string, clusterO
 	switch st := e.(type) {
 	case *cassandra.Batches:
 		if !clusterOn {
-			return nil, nil, fmt.Errorf(errBatchesWithoutCluster, keyspace)
+			return nil, nil, fmt.Errorf(errBatchesWithoutCluster+": %w", keyspace, cassandra.ErrModeMismatch)
 		}
 		return st, none, nil
 	case *cassandra.Engine:
@@ -147,7 +148,7 @@ func fitStoreMode(ctx context.Context, e store.Engine, keyspace string, clusterO
 			}
 			return st.Batches(), claim, nil
 		default:
-			return nil, nil, fmt.Errorf(errOrderedForCluster, keyspace)
+			return nil, nil, fmt.Errorf(errOrderedForCluster+": %w", keyspace, cassandra.ErrModeMismatch)
 		}
 	}
 	return e, none, nil
@@ -166,7 +167,7 @@ func ClaimClusterMode(ctx context.Context, e any, keyspace string) (string, erro
 	case *cassandra.Engine:
 		err := st.ClaimMode(ctx, cassandra.ModeBatches)
 		if errors.Is(err, cassandra.ErrModeMismatch) {
-			return "", fmt.Errorf(errOrderedForCluster, keyspace)
+			return "", fmt.Errorf(errOrderedForCluster+": %w", keyspace, err)
 		}
 		if err != nil {
 			return "", fmt.Errorf("claiming the batch mode for cassandra keyspace %s: %w", keyspace, err)
