@@ -56,6 +56,15 @@ func clusterInit(args []string, stdout, stderr io.Writer) error {
 	defer st.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	// On Cassandra a cluster needs the batch mode: claimed before any
+	// credentials exist, so an ordered keyspace gets none (ADR 0031).
+	msg, err := server.ClaimClusterMode(ctx, st, cfg.Store.Cassandra.Keyspace)
+	if err != nil {
+		return err
+	}
+	if msg != "" {
+		fmt.Fprintln(stdout, msg)
+	}
 	rec, created, err := credentials.Init(ctx, st, time.Now())
 	if err != nil {
 		return err

@@ -144,8 +144,21 @@ func (s *Server) Start() (err error) {
 	// the other nodes, whose events reach the hub too.
 	hub := mailbox.NewHub()
 	var notifier usermgr.Notifier = hub
+	// A Cassandra keyspace's engine mode must fit the node: the batch mode
+	// with the cluster on (claimed once the cluster runs, if the keyspace
+	// has no mode yet), the ordered mode without it (ADR 0031).
+	modeCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	engine, claimMode, err := fitStoreMode(modeCtx, s.engine, cfg.Store.Cassandra.Keyspace, config.Enabled(cfg.Cluster.Addr))
+	if err != nil {
+		return err
+	}
+	s.engine = engine
 	if config.Enabled(cfg.Cluster.Addr) {
 		if err := s.startCluster(hub); err != nil {
+			return err
+		}
+		if err := claimMode(modeCtx); err != nil {
 			return err
 		}
 		notifier = s.cluster.Events()
@@ -317,6 +330,14 @@ func (s *Server) startCluster(local events.Local) error {
 // manager then writes only the users whose buckets it manages
 // (cluster.Node.Owner). After a forwarded write the forwarder tells the
 // local hub at once; the manager's node tells every node, this one too.
+//
+// With the cluster on, on Cassandra, the engine is the batch mode
+// (fitStoreMode): the manager writes each user's mailboxes as batches
+// stamped with the ownership epoch of the user's bucket (Options.Owner,
+// Batch.Epoch) and adopts each mailbox under that epoch before its first
+// batch (store.Adopter), which fences every write of an earlier owner.
+// Without the cluster it is the ordered engine, and the manager passes
+// the writes through.
 func (s *Server) startStore(hub *mailbox.Hub, notifier usermgr.Notifier) error {
 	opts := usermgr.Options{Notifier: notifier}
 	if s.cluster == nil {
@@ -502,6 +523,8 @@ func (s *Server) closeAll() {
 	}
 	if s.store != nil {
 		s.store.Close()
+	} else if s.engine != nil {
+		s.engine.Close() // a start that failed before the store was built
 	}
 	s.load.Stop()
 }

@@ -62,11 +62,18 @@ func (e *Engine) PutBlob(ctx context.Context, r io.Reader, maxSize int64) (store
 
 // blobInfo reads a blob's row; a blob being released is not found.
 func (e *Engine) blobInfo(ctx context.Context, id store.ID) (size int64, chunks int, err error) {
-	err = e.read(ctx, `SELECT size, chunks FROM blobs WHERE id = ?`, id[:]).Scan(&size, &chunks)
+	size, chunks, _, err = e.blobRow(ctx, id)
+	return size, chunks, err
+}
+
+// blobRow reads a blob's row with its inline data (a body the batch mode
+// wrote in the row itself, nil otherwise).
+func (e *Engine) blobRow(ctx context.Context, id store.ID) (size int64, chunks int, data []byte, err error) {
+	err = e.read(ctx, `SELECT size, chunks, data FROM blobs WHERE id = ?`, id[:]).Scan(&size, &chunks, &data)
 	if err == nil && chunks == doomed {
-		return 0, 0, fmt.Errorf("blob %s: %w (being released)", id, store.ErrNotFound)
+		return 0, 0, nil, fmt.Errorf("blob %s: %w (being released)", id, store.ErrNotFound)
 	}
-	return size, chunks, wrap("blob "+id.String(), err)
+	return size, chunks, data, wrap("blob "+id.String(), err)
 }
 
 // deleteBlob removes the blob row first (the blob disappears at once), then
@@ -258,11 +265,15 @@ func (e *Engine) deleteOrphanChunks(ctx context.Context, id store.ID) error {
 }
 
 func (e *Engine) OpenBlob(ctx context.Context, id store.ID) (store.BlobReader, error) {
-	size, chunks, err := e.blobInfo(ctx, id)
+	size, chunks, data, err := e.blobRow(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	return &blobReader{e: e, ctx: context.WithoutCancel(ctx), id: id, size: size, chunks: chunks, cur: -1}, nil
+	r := &blobReader{e: e, ctx: context.WithoutCancel(ctx), id: id, size: size, chunks: chunks, cur: -1}
+	if data != nil {
+		r.cur, r.data = 0, data // the whole body, in the row (one chunk)
+	}
+	return r, nil
 }
 
 // blobReader reads chunks on demand and keeps the last one.

@@ -126,7 +126,8 @@ func newKeyspace(t testing.TB) string {
 }
 
 func dropKeyspace(t testing.TB, ks string) {
-	s, policy, err := Options{Hosts: hosts}.withDefaults().session("")
+	// Schema changes on a loaded node take longer than a request.
+	s, policy, err := Options{Hosts: hosts, Timeout: time.Minute}.withDefaults().session("")
 	if err != nil {
 		t.Errorf("dropping %s: %v", ks, err)
 		return

@@ -136,9 +136,14 @@ type Engine struct {
 	opts  Options
 	log   *slog.Logger
 
+	mode modeClaim
+
 	stop chan struct{}
 	done sync.WaitGroup
 	once sync.Once
+	// batches is the engine's batch mode view, made on first use.
+	batchesOnce sync.Once
+	batches     *Batches
 }
 
 // Open connects, creates the keyspace when missing, applies the schema
@@ -221,6 +226,11 @@ func (e *Engine) probe(ctx context.Context, hostID string) error {
 // Close stops the reclaimer and closes the session.
 func (e *Engine) Close() error {
 	e.once.Do(func() {
+		if e.batches != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), e.opts.Timeout)
+			e.batches.gc.stop(ctx)
+			cancel()
+		}
 		close(e.stop)
 		e.done.Wait()
 		e.hosts.close()

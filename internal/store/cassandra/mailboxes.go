@@ -66,6 +66,9 @@ func deref[T any](p *T) T {
 }
 
 func (e *Engine) readHead(ctx context.Context, id store.ID, serial bool) (head, error) {
+	if err := e.requireMode(ctx, modeOrdered); err != nil {
+		return head{}, err
+	}
 	stmt := `SELECT ` + headColumns + ` FROM mailboxes WHERE id = ?`
 	q := e.read(ctx, stmt, id[:])
 	if serial {
@@ -78,7 +81,28 @@ func (e *Engine) readHead(ctx context.Context, id store.ID, serial bool) (head, 
 	return h, nil
 }
 
+// mailboxStore is what differs between the engine's two modes in the
+// handling of mailbox records (mode.go): the Engine (ordered) and Batches.
+// The mailbox and user calls common to both take one.
+type mailboxStore interface {
+	// createMailbox creates a mailbox record and claims its name.
+	createMailbox(ctx context.Context, user, name string, opts store.MailboxOptions) (store.Mailbox, error)
+	GetMailboxByID(ctx context.Context, id store.ID) (store.Mailbox, error)
+	// deleteMailbox removes a mailbox, its messages and its name.
+	deleteMailbox(ctx context.Context, m store.Mailbox) error
+	// mailboxTable is the table of mailbox records, whose name and
+	// subscribed columns RenameMailbox and SetSubscribed write.
+	mailboxTable() string
+}
+
+var _ mailboxStore = (*Engine)(nil)
+
+func (e *Engine) mailboxTable() string { return "mailboxes" }
+
 func (e *Engine) createMailbox(ctx context.Context, user, name string, opts store.MailboxOptions) (store.Mailbox, error) {
+	if err := e.requireMode(ctx, modeOrdered); err != nil {
+		return store.Mailbox{}, err
+	}
 	uv, err := e.nextUIDValidity(ctx, user)
 	if err != nil {
 		return store.Mailbox{}, err
@@ -93,19 +117,29 @@ func (e *Engine) createMailbox(ctx context.Context, user, name string, opts stor
 	if err != nil {
 		return store.Mailbox{}, wrap("creating mailbox", err)
 	}
-	applied, err := e.cas(ctx, `INSERT INTO mailbox_names (address, name, id) VALUES (?, ?, ?) IF NOT EXISTS`,
-		user, name, m.ID[:]).MapScanCAS(map[string]any{})
-	if err == nil && !applied {
-		err = fmt.Errorf("%w: mailbox %s", store.ErrExists, name)
-	}
-	if err != nil {
+	if err := e.nameMailbox(ctx, user, name, m.ID); err != nil {
 		_ = e.write(ctx, `DELETE FROM mailboxes WHERE id = ?`, m.ID[:]).Exec()
-		return store.Mailbox{}, wrap("naming mailbox "+name, err)
+		return store.Mailbox{}, err
 	}
 	return m, nil
 }
 
+// nameMailbox claims user's mailbox name for id (an LWT), or fails with
+// ErrExists.
+func (e *Engine) nameMailbox(ctx context.Context, user, name string, id store.ID) error {
+	applied, err := e.cas(ctx, `INSERT INTO mailbox_names (address, name, id) VALUES (?, ?, ?) IF NOT EXISTS`,
+		user, name, id[:]).MapScanCAS(map[string]any{})
+	if err == nil && !applied {
+		err = fmt.Errorf("%w: mailbox %s", store.ErrExists, name)
+	}
+	return wrap("naming mailbox "+name, err)
+}
+
 func (e *Engine) CreateMailbox(ctx context.Context, user, name string, opts store.MailboxOptions) (store.Mailbox, error) {
+	return e.createMailboxOf(ctx, e, user, name, opts)
+}
+
+func (e *Engine) createMailboxOf(ctx context.Context, ms mailboxStore, user, name string, opts store.MailboxOptions) (store.Mailbox, error) {
 	name, err := store.CanonicalName(name)
 	if err != nil {
 		return store.Mailbox{}, err
@@ -113,7 +147,7 @@ func (e *Engine) CreateMailbox(ctx context.Context, user, name string, opts stor
 	if _, err := e.GetUser(ctx, user); err != nil {
 		return store.Mailbox{}, err
 	}
-	return e.createMailbox(ctx, user, name, opts)
+	return ms.createMailbox(ctx, user, name, opts)
 }
 
 func (e *Engine) mailboxID(ctx context.Context, user, name string) (store.ID, error) {
@@ -130,6 +164,10 @@ func (e *Engine) mailboxID(ctx context.Context, user, name string) (store.ID, er
 // GetMailbox returns a mailbox; a user's INBOX is created on first use if
 // CreateUser was interrupted before creating it.
 func (e *Engine) GetMailbox(ctx context.Context, user, name string) (store.Mailbox, error) {
+	return e.getMailbox(ctx, e, user, name)
+}
+
+func (e *Engine) getMailbox(ctx context.Context, ms mailboxStore, user, name string) (store.Mailbox, error) {
 	name, err := store.CanonicalName(name)
 	if err != nil {
 		return store.Mailbox{}, err
@@ -137,7 +175,7 @@ func (e *Engine) GetMailbox(ctx context.Context, user, name string) (store.Mailb
 	id, err := e.mailboxID(ctx, user, name)
 	if isNotFound(err) && name == "INBOX" {
 		if _, uerr := e.GetUser(ctx, user); uerr == nil {
-			m, cerr := e.createMailbox(ctx, user, name, store.MailboxOptions{Subscribed: true})
+			m, cerr := ms.createMailbox(ctx, user, name, store.MailboxOptions{Subscribed: true})
 			if cerr == nil || !isExists(cerr) {
 				return m, cerr
 			}
@@ -147,7 +185,7 @@ func (e *Engine) GetMailbox(ctx context.Context, user, name string) (store.Mailb
 	if err != nil {
 		return store.Mailbox{}, err
 	}
-	return e.GetMailboxByID(ctx, id)
+	return ms.GetMailboxByID(ctx, id)
 }
 
 func (e *Engine) GetMailboxByID(ctx context.Context, id store.ID) (store.Mailbox, error) {
@@ -156,6 +194,10 @@ func (e *Engine) GetMailboxByID(ctx context.Context, id store.ID) (store.Mailbox
 }
 
 func (e *Engine) ListMailboxes(ctx context.Context, user string) ([]store.Mailbox, error) {
+	return e.listMailboxes(ctx, e, user)
+}
+
+func (e *Engine) listMailboxes(ctx context.Context, ms mailboxStore, user string) ([]store.Mailbox, error) {
 	it := e.read(ctx, `SELECT name, id FROM mailbox_names WHERE address = ?`, user).PageSize(1000).Iter()
 	var ids []store.ID
 	var name string
@@ -170,7 +212,7 @@ func (e *Engine) ListMailboxes(ctx context.Context, user string) ([]store.Mailbo
 	}
 	out := make([]store.Mailbox, 0, len(ids))
 	for _, id := range ids {
-		m, err := e.GetMailboxByID(ctx, id)
+		m, err := ms.GetMailboxByID(ctx, id)
 		if isNotFound(err) {
 			continue // deleted meanwhile
 		}
@@ -185,6 +227,10 @@ func (e *Engine) ListMailboxes(ctx context.Context, user string) ([]store.Mailbo
 // RenameMailbox claims every new name (LWT) before it releases any old one;
 // if a new name is taken the names claimed so far are released again.
 func (e *Engine) RenameMailbox(ctx context.Context, user, from, to string) error {
+	return e.renameMailbox(ctx, e, user, from, to)
+}
+
+func (e *Engine) renameMailbox(ctx context.Context, ms mailboxStore, user, from, to string) error {
 	from, err := store.CanonicalName(from)
 	if err != nil {
 		return err
@@ -195,7 +241,7 @@ func (e *Engine) RenameMailbox(ctx context.Context, user, from, to string) error
 	if from == "INBOX" || to == "INBOX" || strings.HasPrefix(to, from+"/") {
 		return fmt.Errorf("%w: rename %s to %s", store.ErrInvalid, from, to)
 	}
-	boxes, err := e.ListMailboxes(ctx, user)
+	boxes, err := e.listMailboxes(ctx, ms, user)
 	if err != nil {
 		return err
 	}
@@ -227,7 +273,7 @@ func (e *Engine) RenameMailbox(ctx context.Context, user, from, to string) error
 		}
 	}
 	for _, mv := range moves {
-		if err := e.write(ctx, `UPDATE mailboxes SET name = ? WHERE id = ?`, mv.new, mv.id[:]).Exec(); err != nil {
+		if err := e.write(ctx, `UPDATE `+ms.mailboxTable()+` SET name = ? WHERE id = ?`, mv.new, mv.id[:]).Exec(); err != nil {
 			return wrap("renaming "+mv.old, err)
 		}
 		if _, err := e.cas(ctx, `DELETE FROM mailbox_names WHERE address = ? AND name = ? IF id = ?`,
@@ -239,6 +285,10 @@ func (e *Engine) RenameMailbox(ctx context.Context, user, from, to string) error
 }
 
 func (e *Engine) DeleteMailbox(ctx context.Context, user, name string) error {
+	return e.deleteMailboxNamed(ctx, e, user, name)
+}
+
+func (e *Engine) deleteMailboxNamed(ctx context.Context, ms mailboxStore, user, name string) error {
 	name, err := store.CanonicalName(name)
 	if err != nil {
 		return err
@@ -250,11 +300,11 @@ func (e *Engine) DeleteMailbox(ctx context.Context, user, name string) error {
 	if err != nil {
 		return err
 	}
-	m, err := e.GetMailboxByID(ctx, id)
+	m, err := ms.GetMailboxByID(ctx, id)
 	if err != nil {
 		return err
 	}
-	return e.deleteMailbox(ctx, m)
+	return ms.deleteMailbox(ctx, m)
 }
 
 // deleteMailbox expunges every message (so blob references and blobs go
@@ -299,6 +349,10 @@ func (e *Engine) deleteMailbox(ctx context.Context, m store.Mailbox) error {
 }
 
 func (e *Engine) SetSubscribed(ctx context.Context, user, name string, subscribed bool) error {
+	return e.setSubscribed(ctx, e, user, name, subscribed)
+}
+
+func (e *Engine) setSubscribed(ctx context.Context, ms mailboxStore, user, name string, subscribed bool) error {
 	name, err := store.CanonicalName(name)
 	if err != nil {
 		return err
@@ -307,5 +361,5 @@ func (e *Engine) SetSubscribed(ctx context.Context, user, name string, subscribe
 	if err != nil {
 		return err
 	}
-	return wrap("subscribing", e.write(ctx, `UPDATE mailboxes SET subscribed = ? WHERE id = ?`, subscribed, id[:]).Exec())
+	return wrap("subscribing", e.write(ctx, `UPDATE `+ms.mailboxTable()+` SET subscribed = ? WHERE id = ?`, subscribed, id[:]).Exec())
 }

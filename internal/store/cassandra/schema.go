@@ -121,6 +121,48 @@ var migrations = [][]string{
 			k int, node text, adopted bigint, renewal bigint, released boolean,
 			PRIMARY KEY (k, node))`,
 	},
+	6: {
+		// The batch mode (ADR 0026). Numbered 4 on the branch that built it;
+		// renumbered after main's 4 (secrets) and 5 (ownership): every
+		// statement is idempotent, so a keyspace at 5 upgrades by running it.
+		// keyspace_mode records, once, which of the engine's two ways of
+		// writing mailboxes the keyspace holds (mode.go): "ordered" (the
+		// LWT-ordered tables above) or "batches" (the tables below).
+		`CREATE TABLE IF NOT EXISTS keyspace_mode (
+			k int PRIMARY KEY, mode text, claimed timestamp)`,
+		// The batch mode's tables (ADR 0026). bmailboxes is a mailbox:
+		// its descriptive columns (address .. uidvalidity), written by the
+		// mailbox calls at wall-clock time, and its head (epoch ..
+		// expunge_floor), written only by user managers at epoch
+		// timestamps (1<<62 | epoch<<32 | n).
+		`CREATE TABLE IF NOT EXISTS bmailboxes (
+			id blob PRIMARY KEY,
+			address text, name text, special_use text, subscribed boolean, uidvalidity bigint,
+			epoch bigint, uidnext bigint, modseq bigint, messages bigint, size bigint, expunge_floor bigint)`,
+		// bmessages holds, per UID, the message row (modseq 0: what never
+		// changes, and the flags it was added with at MODSEQ added) and
+		// one version row per later flag change or expunge (modseq, kind).
+		// A version row is an index: its state is the bchanges entry at
+		// (modseq, uid), which the takeover tombstones fence.
+		`CREATE TABLE IF NOT EXISTS bmessages (
+			mailbox blob, bucket int, uid bigint, modseq bigint,
+			kind tinyint, added bigint, flags text, internal_date timestamp, size bigint, blob blob, meta blob,
+			PRIMARY KEY ((mailbox, bucket), uid, modseq))`,
+		// bchanges is the change log and the versioned message state, by
+		// MODSEQ bucket: section 0 holds each added or flag version (kind,
+		// flags) until a newer version of its UID supersedes it; section
+		// 1 holds expunges until the expunge floor passes them.
+		`CREATE TABLE IF NOT EXISTS bchanges (
+			mailbox blob, bucket int, section tinyint, modseq bigint, uid bigint,
+			kind tinyint, flags text,
+			PRIMARY KEY ((mailbox, bucket), section, modseq, uid))`,
+		// Blobs written with a batch: a body of one chunk is kept in the
+		// blob row itself (data), and the message that stored it (owner,
+		// owner_uid) holds it without a blob_refs row.
+		`ALTER TABLE blobs ADD data blob`,
+		`ALTER TABLE blobs ADD owner blob`,
+		`ALTER TABLE blobs ADD owner_uid bigint`,
+	},
 }
 
 func createKeyspace(ctx context.Context, s *gocql.Session, keyspace string, repl map[string]string) error {

@@ -30,6 +30,10 @@ func shardOf(address string) int {
 // creates its INBOX. A crash between the steps leaves a user whose INBOX
 // GetMailbox creates on first use and whose directory entry Check reports.
 func (e *Engine) CreateUser(ctx context.Context, u store.User) error {
+	return e.createUser(ctx, e, u)
+}
+
+func (e *Engine) createUser(ctx context.Context, ms mailboxStore, u store.User) error {
 	if err := validAddress(u.Address); err != nil {
 		return err
 	}
@@ -47,7 +51,7 @@ func (e *Engine) CreateUser(ctx context.Context, u store.User) error {
 	if err := e.write(ctx, `INSERT INTO directory (kind, shard, address) VALUES ('u', ?, ?)`, shardOf(u.Address), u.Address).Exec(); err != nil {
 		return wrap("listing user "+u.Address, err)
 	}
-	_, err = e.createMailbox(ctx, u.Address, "INBOX", store.MailboxOptions{Subscribed: true})
+	_, err = ms.createMailbox(ctx, u.Address, "INBOX", store.MailboxOptions{Subscribed: true})
 	return err
 }
 
@@ -108,6 +112,10 @@ func (e *Engine) UpdateUser(ctx context.Context, u store.User) error {
 // blob references) and finally the address, so that an interrupted delete
 // can be run again.
 func (e *Engine) DeleteUser(ctx context.Context, address string) error {
+	return e.deleteUser(ctx, e, address)
+}
+
+func (e *Engine) deleteUser(ctx context.Context, ms mailboxStore, address string) error {
 	if _, err := e.GetUser(ctx, address); err != nil {
 		return err
 	}
@@ -122,12 +130,12 @@ func (e *Engine) DeleteUser(ctx context.Context, address string) error {
 			}
 		}
 	}
-	boxes, err := e.ListMailboxes(ctx, address)
+	boxes, err := e.listMailboxes(ctx, ms, address)
 	if err != nil {
 		return err
 	}
 	for _, m := range boxes {
-		if err := e.deleteMailbox(ctx, m); err != nil {
+		if err := ms.deleteMailbox(ctx, m); err != nil {
 			return err
 		}
 	}
@@ -278,10 +286,16 @@ func (e *Engine) nextUIDValidity(ctx context.Context, user string) (uint32, erro
 }
 
 func (e *Engine) Usage(ctx context.Context, user string) (store.Usage, error) {
+	return e.usage(ctx, e, user)
+}
+
+// usage sums the counts of user's mailbox heads: both modes keep a
+// user's usage there and nowhere else.
+func (e *Engine) usage(ctx context.Context, ms mailboxStore, user string) (store.Usage, error) {
 	if _, err := e.GetUser(ctx, user); err != nil {
 		return store.Usage{}, err
 	}
-	boxes, err := e.ListMailboxes(ctx, user)
+	boxes, err := e.listMailboxes(ctx, ms, user)
 	if err != nil {
 		return store.Usage{}, err
 	}
