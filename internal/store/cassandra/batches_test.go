@@ -282,3 +282,34 @@ func TestModeReported(t *testing.T) {
 		t.Fatalf("ClaimMode(batches) on an old ordered keyspace: %v, want ErrModeMismatch", err)
 	}
 }
+
+// TestHeadWriteFailureIsUnknown: a batch whose rows were written but whose
+// head write failed may be visible (the write may have landed), so it is
+// reported of unknown outcome (ADR 0030), never as failed. The head write
+// is made to fail by dropping a head column under the writer.
+func TestHeadWriteFailureIsUnknown(t *testing.T) {
+	ctx := context.Background()
+	ks := newKeyspace(t)
+	e := openTest(t, ks)
+	defer e.Close()
+	b := e.Batches()
+	const user = "h@example.test"
+	if err := b.CreateUser(ctx, store.User{Address: user}); err != nil {
+		t.Fatal(err)
+	}
+	inbox, err := b.GetMailbox(ctx, user, "INBOX")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := usermgr.New(b, usermgr.Options{})
+	if _, err := m.Append(ctx, inbox.ID, []store.NewMessage{{Body: []byte("first"), Size: 5}}, store.AppendOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.Query(`ALTER TABLE bmailboxes DROP size`).Exec(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = m.Append(ctx, inbox.ID, []store.NewMessage{{Body: []byte("second"), Size: 6}}, store.AppendOptions{})
+	if !errors.Is(err, store.ErrOutcomeUnknown) {
+		t.Fatalf("append whose head write failed: %v; want store.ErrOutcomeUnknown", err)
+	}
+}

@@ -898,7 +898,11 @@ func (b *Batches) writeHeads(p *bpipe) {
 			why := error(nil)
 			first := failed
 			if err != nil {
-				why = fmt.Errorf("%w (if they were, the batch is visible and complete)", wrap("writing heads", err))
+				// A head write that failed may have landed (a timeout, a
+				// coordinator lost after the write, a retry on another host
+				// after either): the group's batches are then visible and
+				// complete. Their outcome is unknown, not failed (ADR 0030).
+				why = fmt.Errorf("%w: %w (if they were, the batch is visible and complete)", store.ErrOutcomeUnknown, wrap("writing heads", err))
 				first = group[0]
 			} else {
 				why = failed.rowsErr
@@ -908,6 +912,11 @@ func (b *Batches) writeHeads(p *bpipe) {
 				jerr := why
 				if j != first && (err == nil || !slices.Contains(group, j)) {
 					jerr = fmt.Errorf("an earlier batch of %s failed: %w", j.user, why)
+					if err != nil {
+						// Its head was never written: it failed, whatever
+						// the outcome of the batch before it.
+						jerr = fmt.Errorf("an earlier batch of %s failed: %v", j.user, why)
+					}
 				}
 				for _, mu := range j.muts {
 					if !mu.m.dirty {
