@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"quill/internal/history"
 	"quill/internal/store"
 	"quill/internal/usermgr"
 )
@@ -50,6 +51,8 @@ type watcher struct {
 	b     *Batches
 	mb    store.ID
 	audit *fenceAudit
+	rec   *history.Recorder // each observation is a Read of process 2
+	user  string
 
 	uidNext uint32
 	modSeq  uint64
@@ -61,10 +64,14 @@ type watcher struct {
 }
 
 func (w *watcher) observe(ctx context.Context) error {
+	op := w.rec.Begin(2, "watcher", history.Read)
+	op.Mailbox = history.Mailbox{User: w.user, Name: "INBOX"}
 	h, err := w.b.GetMailboxByID(ctx, w.mb)
 	if err != nil {
+		w.rec.End(op, history.Failed, err)
 		return err
 	}
+	defer func() { w.rec.End(op, history.Ok, nil) }()
 	if h.UIDNext < w.uidNext || h.HighestModSeq < w.modSeq {
 		w.audit.fail("head moved back: (%d, %d) after (%d, %d)", h.UIDNext, h.HighestModSeq, w.uidNext, w.modSeq)
 	}
@@ -73,6 +80,7 @@ func (w *watcher) observe(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	op.View = &history.View{UIDValidity: h.UIDValidity, HighestModSeq: h.HighestModSeq, Complete: true}
 	seen := map[uint32]bool{}
 	for _, m := range msgs {
 		seen[m.UID] = true
@@ -109,6 +117,9 @@ func (w *watcher) observe(ctx context.Context) error {
 				w.audit.fail("UID %d shows the body of a late write: %q", m.UID, body)
 			}
 		}
+		body := w.bodies[m.Blob]
+		op.View.Messages = append(op.View.Messages, history.Seen{UID: m.UID, Token: body, Sum: history.SumOf([]byte(body)), HasBody: true,
+			Flags: m.Flags, HasFlags: true, ModSeq: m.ModSeq})
 	}
 	for uid := range w.blobs {
 		if !seen[uid] {
@@ -150,7 +161,7 @@ type acked struct {
 // log entries, a head. B goes on writing over all of it. A watcher reads
 // throughout and a final audit compares the mailbox with what was
 // acknowledged. It returns every violation found.
-func fencingScenario(t *testing.T, fence bool) []string {
+func fencingScenario(t *testing.T, fence bool) (audited, checked []string) {
 	ctx := context.Background()
 	ks := newKeyspace(t)
 	ea, eb, ec := openTest(t, ks), openTest(t, ks), openTest(t, ks)
@@ -170,38 +181,76 @@ func fencingScenario(t *testing.T, fence bool) []string {
 	ma := usermgr.New(ba, usermgr.Options{Owner: epochOwner(1)})
 	mb := usermgr.New(bb, usermgr.Options{Owner: epochOwner(2)})
 	want := map[uint32]*acked{}
+	// The history the robustness harness's checker reads (internal/history):
+	// A's writes are process 0, B's process 1, the watcher's reads process
+	// 2, the final read process 3; a message's token is its body.
+	rec := history.NewRecorder()
+	mbox := history.Mailbox{User: user, Name: "INBOX"}
+	proc := map[*usermgr.Manager]int{ma: 0, mb: 1}
+	begin := func(m *usermgr.Manager, kind history.Kind) *history.Op {
+		op := rec.Begin(proc[m], fmt.Sprint("manager", proc[m]), kind)
+		op.Mailbox, op.View = mbox, &history.View{UIDValidity: inbox.UIDValidity}
+		return op
+	}
+	targets := func(uids []uint32) []history.Target {
+		var out []history.Target
+		for _, u := range uids {
+			if a := want[u]; a != nil {
+				out = append(out, history.Target{Token: a.body, UID: u})
+			}
+		}
+		return out
+	}
 	appendOK := func(m *usermgr.Manager, body string) store.Message {
 		t.Helper()
+		op := begin(m, history.Append)
+		op.Token, op.Sum = body, history.SumOf([]byte(body))
 		out, err := m.Append(ctx, inbox.ID, []store.NewMessage{{Body: []byte(body), Size: int64(len(body)), InternalDate: time.Now()}}, store.AppendOptions{})
 		if err != nil {
 			t.Fatalf("append %q: %v", body, err)
 		}
+		op.AppendUID, op.AppendValidity = out[0].UID, inbox.UIDValidity
+		rec.End(op, history.Ok, nil)
 		want[out[0].UID] = &acked{body: body}
 		return out[0]
 	}
 	flagOK := func(m *usermgr.Manager, flag string, uids ...uint32) {
 		t.Helper()
+		op := begin(m, history.Store)
+		op.Targets, op.Flag, op.Add = targets(uids), flag, true
 		res, err := m.SetFlags(ctx, inbox.ID, store.FlagChange{UIDs: uids, Op: store.FlagsAdd, Flags: []string{flag}})
 		if err != nil {
 			t.Fatalf("flags %v: %v", uids, err)
 		}
+		rec.End(op, history.Ok, nil)
 		for _, c := range res.Changed {
 			want[c.UID].flags = c.Flags
 		}
 	}
 	expungeOK := func(m *usermgr.Manager, uids ...uint32) {
 		t.Helper()
+		op := begin(m, history.Expunge)
+		op.Targets = targets(uids)
 		gone, _, err := m.Expunge(ctx, inbox.ID, uids)
 		if err != nil || len(gone) != len(uids) {
 			t.Fatalf("expunge %v: %v, %v", uids, gone, err)
 		}
+		rec.End(op, history.Ok, nil)
 		for _, uid := range gone {
 			delete(want, uid)
 		}
 	}
+	// lateOp records a write of A after B adopted the mailbox as failed,
+	// whatever A's engine answered: a node's lease check makes a deposed
+	// manager's answers void (ADR 0024), so nothing of it may show.
+	lateOp := func(kind history.Kind, fill func(*history.Op), err error) {
+		op := begin(ma, kind)
+		fill(op)
+		rec.End(op, history.Failed, fmt.Errorf("written by a deposed manager (engine said %v)", err))
+	}
 
 	audit := &fenceAudit{}
-	w := &watcher{b: ec.Batches(), mb: inbox.ID, audit: audit, blobs: map[uint32]store.ID{}, modseqs: map[uint32]uint64{},
+	w := &watcher{b: ec.Batches(), mb: inbox.ID, audit: audit, rec: rec, user: user, blobs: map[uint32]store.ID{}, modseqs: map[uint32]uint64{},
 		gone: map[uint32]bool{}, bodies: map[store.ID]string{}}
 	stop := make(chan struct{})
 	watchDone := make(chan error, 1)
@@ -254,13 +303,20 @@ func fencingScenario(t *testing.T, fence bool) []string {
 		if err != nil && !errors.Is(err, store.ErrConflict) {
 			t.Fatalf("late append: %v", err)
 		}
+		lateOp(history.Append, func(op *history.Op) { op.Token, op.Sum = body, history.SumOf([]byte(body)) }, err)
 	}
+	lateTargets := targets([]uint32{2})
 	if _, err := ma.SetFlags(ctx, inbox.ID, store.FlagChange{UIDs: []uint32{2}, Op: store.FlagsAdd, Flags: []string{"$late"}}); err != nil &&
 		!errors.Is(err, store.ErrConflict) && !errors.Is(err, store.ErrInvalid) {
 		t.Fatalf("late flags: %v", err)
+	} else {
+		lateOp(history.Store, func(op *history.Op) { op.Targets, op.Flag, op.Add = lateTargets, "$late", true }, err)
 	}
+	lateTargets = targets([]uint32{4})
 	if _, _, err := ma.Expunge(ctx, inbox.ID, []uint32{4}); err != nil && !errors.Is(err, store.ErrConflict) && !errors.Is(err, store.ErrInvalid) {
 		t.Fatalf("late expunge: %v", err)
+	} else {
+		lateOp(history.Expunge, func(op *history.Op) { op.Targets = lateTargets }, err)
 	}
 
 	// Late epoch-1 rows, as hinted handoff would deliver them long after
@@ -315,21 +371,26 @@ func fencingScenario(t *testing.T, fence bool) []string {
 	}
 
 	// The audit: exactly what was acknowledged, of both epochs.
+	finalOp := rec.Begin(3, "final", history.Read)
+	finalOp.Mailbox, finalOp.Final = mbox, true
 	final, err := ec.Batches().ListMessages(ctx, inbox.ID, 1, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
+	finalOp.View = &history.View{UIDValidity: inbox.UIDValidity, Complete: true}
 	got := map[uint32]bool{}
 	for _, m := range final {
 		got[m.UID] = true
+		body, err := readBody(ctx, ec.Batches(), m.Blob)
+		if err != nil {
+			t.Fatal(err)
+		}
+		finalOp.View.Messages = append(finalOp.View.Messages, history.Seen{UID: m.UID, Token: body, Sum: history.SumOf([]byte(body)),
+			HasBody: true, Flags: m.Flags, HasFlags: true, ModSeq: m.ModSeq})
 		a := want[m.UID]
 		if a == nil {
 			audit.fail("UID %d present, never acknowledged (or expunged)", m.UID)
 			continue
-		}
-		body, err := readBody(ctx, ec.Batches(), m.Blob)
-		if err != nil {
-			t.Fatal(err)
 		}
 		if body != a.body || !slices.Equal(m.Flags, a.flags) || m.Meta != nil || lateFlag(m.Flags) {
 			audit.fail("UID %d is %q %v meta %q; acknowledged %q %v", m.UID, body, m.Flags, m.Meta, a.body, a.flags)
@@ -366,15 +427,27 @@ func fencingScenario(t *testing.T, fence bool) []string {
 			audit.fail("change %+v reports a present message expunged", c)
 		}
 	}
-	return audit.list()
+	rec.End(finalOp, history.Ok, nil)
+	res, err := history.Check(rec.Ops())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range res.Violations {
+		checked = append(checked, fmt.Sprintf("%s: %s", v.Invariant, v.Detail))
+	}
+	return audit.list(), checked
 }
 
 // TestFencing: late epoch-1 writes never become visible to any reader,
 // no UID or MODSEQ goes backwards, no UID is reused, and no acknowledged
 // change of either epoch is lost (ADR 0024, ADR 0026).
 func TestFencing(t *testing.T) {
-	for _, v := range fencingScenario(t, true) {
+	audited, checked := fencingScenario(t, true)
+	for _, v := range audited {
 		t.Error(v)
+	}
+	for _, v := range checked {
+		t.Error("history checker:", v)
 	}
 }
 
@@ -382,11 +455,20 @@ func TestFencing(t *testing.T) {
 // range tombstones switched off: the late writes then show, so the
 // fencing test can fail.
 func TestFencingWithoutTombstones(t *testing.T) {
-	violations := fencingScenario(t, false)
-	if len(violations) == 0 {
+	audited, checked := fencingScenario(t, false)
+	if len(audited) == 0 {
 		t.Fatal("no violation without the takeover tombstones: the fencing test cannot fail")
 	}
-	for _, v := range violations {
+	// The robustness harness's checker (internal/history), given the same
+	// history, must see it too (issue 35: "show that the checker fails
+	// when fencing is switched off").
+	if len(checked) == 0 {
+		t.Fatal("the history checker found no violation without the takeover tombstones")
+	}
+	for _, v := range audited {
 		t.Log("without tombstones:", v)
+	}
+	for _, v := range checked {
+		t.Log("without tombstones, history checker:", v)
 	}
 }
