@@ -19,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"quill/internal/load"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +32,7 @@ import (
 	"quill/internal/cluster/membership"
 	"quill/internal/cluster/ownership"
 	"quill/internal/cluster/transport"
+	"quill/internal/load"
 	"quill/internal/store"
 )
 

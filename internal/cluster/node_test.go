@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
-	"quill/internal/load"
 	"testing"
 	"time"
 
 	"quill/internal/cluster/credentials"
 	"quill/internal/cluster/membership"
 	"quill/internal/cluster/usermap"
+	"quill/internal/load"
 	"quill/internal/store"
 	"quill/internal/store/embedded"
 )
