@@ -3,9 +3,11 @@ package membership
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -24,6 +26,30 @@ type gossipTransport struct {
 	stop    chan struct{}
 	once    sync.Once
 	wg      sync.WaitGroup
+	// cut, when set, names the addresses this node cannot reach nor hear
+	// from: the tests' partitions (see cutOff). Nil in service.
+	cut atomic.Pointer[map[string]bool]
+}
+
+// cutOff makes the addresses in addrs unreachable both ways, as a
+// partition would: packets to and from them are dropped and stream dials
+// to them fail. An empty addrs heals. Tests cut both sides of a link, so
+// that streams the other side would open fail at its dial.
+func (g *gossipTransport) cutOff(addrs ...string) {
+	if len(addrs) == 0 {
+		g.cut.Store(nil)
+		return
+	}
+	m := make(map[string]bool, len(addrs))
+	for _, a := range addrs {
+		m[a] = true
+	}
+	g.cut.Store(&m)
+}
+
+func (g *gossipTransport) isCut(addr string) bool {
+	m := g.cut.Load()
+	return m != nil && (*m)[addr]
 }
 
 var _ memberlist.NodeAwareTransport = (*gossipTransport)(nil)
@@ -41,6 +67,9 @@ func (g *gossipTransport) pump() {
 	for {
 		select {
 		case p := <-g.t.Packets():
+			if p.From != nil && g.isCut(p.From.String()) {
+				continue
+			}
 			select {
 			case g.packets <- &memberlist.Packet{Buf: p.Buf, From: p.From, Timestamp: p.Received}:
 			case <-g.stop:
@@ -58,11 +87,14 @@ func (g *gossipTransport) FinalAdvertiseAddr(string, int) (net.IP, int, error) {
 }
 
 func (g *gossipTransport) WriteTo(b []byte, addr string) (time.Time, error) {
+	if g.isCut(addr) {
+		return time.Now(), nil // lost on the way, as UDP may lose it
+	}
 	return g.t.WritePacket(b, addr)
 }
 
 func (g *gossipTransport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, error) {
-	return g.t.WritePacket(b, a.Addr)
+	return g.WriteTo(b, a.Addr)
 }
 
 func (g *gossipTransport) PacketCh() <-chan *memberlist.Packet { return g.packets }
@@ -74,6 +106,9 @@ func (g *gossipTransport) DialTimeout(addr string, timeout time.Duration) (net.C
 // DialAddressTimeout dials a stream connection; with a.Name set (memberlist
 // knows the node), the server must prove to be that node.
 func (g *gossipTransport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
+	if g.isCut(a.Addr) {
+		return nil, fmt.Errorf("dial %s: cut off", a.Addr)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	return g.t.DialGossip(ctx, a.Addr, a.Name)

@@ -190,12 +190,12 @@ func Start(ctx context.Context, opts Options) (*Membership, error) {
 	if len(join) > 0 {
 		if n, err := ml.Join(join); err != nil || n == 0 {
 			m.log.Warn("cluster: no node to join answered; retrying in the background", "join", join, "err", err)
-			m.wg.Add(1)
-			go m.retryJoin(join)
 		} else {
 			m.log.Info("cluster: joined", "contacted", n, "members", ml.NumMembers())
 		}
 	}
+	m.wg.Add(1)
+	go m.reconnectLoop(join)
 	return m, nil
 }
 
@@ -221,26 +221,46 @@ func Config(detection time.Duration) *memberlist.Config {
 	return c
 }
 
-// retryJoin tries the join list again until another node is a member or
-// Close.
-func (m *Membership) retryJoin(join []string) {
+// reconnectLoop, every detection timeout, joins the seeds while no other
+// node is live, and otherwise one member listed dead, in turn. memberlist
+// neither probes nor pushes state to the nodes it lists dead, so after a
+// partition both sides would keep each other dead for good; a join
+// exchanges the full state, in which each side finds itself listed dead
+// and refutes it, and the next join (or gossip) carries the refutation.
+// A member that is really gone costs a failed dial per round.
+func (m *Membership) reconnectLoop(seeds []string) {
 	defer m.wg.Done()
 	tick := time.NewTicker(max(m.opts.DetectionTimeout, time.Second))
 	defer tick.Stop()
-	for m.ml.NumMembers() < 2 {
+	next := 0
+	for {
 		select {
 		case <-m.stop:
 			return
 		case <-tick.C:
 		}
-		if m.ml.NumMembers() >= 2 {
-			break
+		if m.ml.NumMembers() < 2 && len(seeds) > 0 {
+			if n, err := m.ml.Join(seeds); err == nil && n > 0 {
+				m.log.Info("cluster: joined", "contacted", n, "members", m.ml.NumMembers())
+			}
+			continue
 		}
-		if n, err := m.ml.Join(join); err == nil && n > 0 {
-			m.log.Info("cluster: joined", "contacted", n, "members", m.ml.NumMembers())
-			return
+		dead := m.dead()
+		if len(dead) == 0 {
+			continue
+		}
+		d := dead[next%len(dead)]
+		next++
+		// name/address: the dial checks that the node answering is it.
+		if _, err := m.ml.Join([]string{d.ID + "/" + d.Meta.Addr}); err == nil {
+			m.log.Info("cluster: reached a node listed dead; exchanging state", "node", d.ID, "addr", d.Meta.Addr)
 		}
 	}
+}
+
+// dead returns the members listed dead, sorted by ID.
+func (m *Membership) dead() []Member {
+	return slices.DeleteFunc(m.Members(), func(mb Member) bool { return mb.State != Dead || mb.Meta.Addr == "" })
 }
 
 // ID returns this node's ID.

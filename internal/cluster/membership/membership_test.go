@@ -461,3 +461,34 @@ func (r *recorder) all() []string {
 	defer r.mu.Unlock()
 	return slices.Clone(r.msgs)
 }
+
+// healWithin bounds how long after a partition heals every member lists
+// every other live again: a few reconnect rounds (each node tries a dead
+// member every detection timeout) and the refutations they carry.
+const healWithin = 5 * detection
+
+// TestPartitionHeals: a member cut off from the others both ways is seen
+// dead by them and sees them dead; once the partition heals, every member
+// lists all three live again within healWithin. memberlist alone does not
+// probe the dead, so without reconnecting the two sides would stay apart.
+func TestPartitionHeals(t *testing.T) {
+	c := newCluster(t)
+	ms := c.startN(3)
+	lone := ms[2]
+	lone.m.gt.cutOff(ms[0].addr, ms[1].addr)
+	for _, n := range ms[:2] {
+		n.m.gt.cutOff(lone.addr)
+	}
+	for _, n := range ms[:2] {
+		waitView(t, n, 3*detection, "the cut-off member dead", func(v View) bool { return !has(v, lone.id) && len(v.Members) == 2 })
+	}
+	waitView(t, lone, 3*detection, "the others dead", func(v View) bool { return len(v.Members) == 1 })
+	healed := time.Now()
+	for _, n := range ms {
+		n.m.gt.cutOff()
+	}
+	for _, n := range ms {
+		at := waitView(t, n, healWithin, "all three live after the heal", func(v View) bool { return len(v.Members) == 3 })
+		t.Logf("%s lists all three %v after the heal", n.id[:8], at.Sub(healed).Round(time.Millisecond))
+	}
+}
