@@ -618,22 +618,22 @@ func (o *Owner) handoff(ctx context.Context, readStart time.Time) {
 // propose proposes the next epoch when the live set differs from the
 // newest map's members: after term/3 when this node has the lowest ID
 // among the map's live members in service (or among all when no map
-// exists), after two terms otherwise, so that one node proposes in the common case and any
-// node does when that one cannot.
+// exists), after two terms otherwise, so that one node proposes in the
+// common case and any node does when that one cannot.
+//
+// The live set joins this node's membership view with the lease rows,
+// which every node reads alike, so that nodes whose views disagree (a
+// partition memberlist has not healed) still want the same map instead of
+// taking turns proposing their own (liveLocked).
 func (o *Owner) propose(ctx context.Context, view membership.View) {
 	if len(view.Members) == 0 {
 		return
 	}
-	want := make([]store.MapMember, 0, len(view.Members))
-	eligible := false
-	for _, m := range view.Members {
-		want = append(want, store.MapMember{ID: m.ID, Weight: m.Meta.Weight, Draining: m.Meta.Draining})
-		eligible = eligible || (m.Meta.Weight > 0 && !m.Meta.Draining)
-	}
-	slices.SortFunc(want, func(a, b store.MapMember) int { return cmpString(a.ID, b.ID) })
 	now := time.Now()
 	o.mu.Lock()
 	latest := o.latest
+	want := o.liveLocked(view, latest)
+	eligible := slices.ContainsFunc(want, func(m store.MapMember) bool { return m.Weight > 0 && !m.Draining })
 	if latest.Epoch != 0 && slices.Equal(latest.Members, want) || !eligible {
 		o.diffSince = time.Time{}
 		o.mu.Unlock()
@@ -671,6 +671,46 @@ func (o *Owner) propose(ctx context.Context, view membership.View) {
 		o.m.proposals.WithLabelValues("error").Inc()
 		o.log.Warn("cluster: proposing an epoch", "epoch", next.Epoch, "err", err)
 	}
+}
+
+// liveLocked returns the members the next map should list, sorted by ID:
+//   - the members of view (this node always) whose lease row is present
+//     and not expired: a node cut off from the store manages nothing,
+//     whether or not gossip still reaches it;
+//   - the members of latest that view misses but whose lease row was
+//     renewed within two renewal periods (renewingLocked), with the
+//     weight and draining the map gives them: a node the store still
+//     hears from is alive, whatever this node's gossip says.
+//
+// Both parts but the view's metadata come from the lease rows, which all
+// nodes read alike, so their wants agree once gossip spreads the
+// metadata. A node killed drops out of the second part within two
+// renewal periods, before memberlist declares it dead; a node cut off
+// from its peers but not from the store keeps its buckets, and the
+// requests forwarded to it fail until the partition heals.
+func (o *Owner) liveLocked(view membership.View, latest store.ClusterMap) []store.MapMember {
+	want := make([]store.MapMember, 0, len(view.Members))
+	inView := make(map[string]bool, len(view.Members))
+	for _, m := range view.Members {
+		inView[m.ID] = true
+		if p := o.peers[m.ID]; m.ID != o.id && (p == nil || o.expiredLocked(p)) {
+			continue
+		}
+		want = append(want, store.MapMember{ID: m.ID, Weight: m.Meta.Weight, Draining: m.Meta.Draining})
+	}
+	for _, m := range latest.Members {
+		if p := o.peers[m.ID]; !inView[m.ID] && p != nil && o.renewingLocked(p) {
+			want = append(want, m)
+		}
+	}
+	slices.SortFunc(want, func(a, b store.MapMember) int { return cmpString(a.ID, b.ID) })
+	return want
+}
+
+// renewingLocked reports whether p's lease row changed within two renewal
+// periods (2·term/3) of the latest read: its node writes to the store.
+func (o *Owner) renewingLocked(p *peer) bool {
+	return !p.lease.Released && p.lastRead.Sub(p.seen) < 2*o.term/3
 }
 
 // stopLoops stops the renewal and the main loop, leaving the state as it

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -584,4 +585,138 @@ func TestLapseStopsAndRetakes(t *testing.T) {
 		return settled(nodes, 2)
 	})
 	w.waitRounds(t, 2)
+}
+
+// viewNode is an Owner whose live set the test sets, as memberlist
+// would publish it: the views of different nodes can disagree, as they
+// do during and after a partition.
+type viewNode struct {
+	id    string
+	own   *Owner
+	st    *faultyLeases
+	views chan membership.View
+}
+
+func (c *testCluster) startViewNode(id string) *viewNode {
+	c.t.Helper()
+	n := &viewNode{id: id, st: &faultyLeases{Ownership: c.st}, views: make(chan membership.View, 1)}
+	sub := func() (<-chan membership.View, func()) { return n.views, func() {} }
+	own, err := Start(Options{ID: id, Store: n.st, Subscribe: sub, Term: term})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	n.own = own
+	c.t.Cleanup(func() { own.stopLoops() })
+	return n
+}
+
+// see publishes a view listing ids, each in service.
+func (n *viewNode) see(ids ...string) {
+	v := membership.View{}
+	for _, id := range ids {
+		v.Members = append(v.Members, membership.Member{ID: id, State: membership.Alive,
+			Meta: membership.Meta{Weight: membership.DefaultWeight}})
+	}
+	select { // replace an unread view, as Membership.Subscribe does
+	case <-n.views:
+	default:
+	}
+	n.views <- v
+}
+
+// stableAt waits until every node in nodes has adopted one epoch that
+// lists exactly members, then until every node's lease row was renewed
+// six more times (two lease terms, in which any node waiting to propose
+// would have), and fails t if the newest epoch moved meanwhile.
+func stableAt(t *testing.T, st store.Ownership, nodes []*viewNode, members ...string) {
+	t.Helper()
+	slices.Sort(members)
+	var epoch uint64
+	eventually(t, 20*time.Second, fmt.Sprintf("one epoch listing %d members", len(members)), func() error {
+		cm, err := st.LatestClusterMap(context.Background())
+		if err != nil {
+			return err
+		}
+		var ids []string
+		for _, m := range cm.Members {
+			ids = append(ids, m.ID)
+		}
+		if !slices.Equal(ids, members) {
+			return fmt.Errorf("epoch %d lists %v", cm.Epoch, ids)
+		}
+		for _, n := range nodes {
+			if a := n.own.Status().Adopted; a != cm.Epoch {
+				return fmt.Errorf("%s adopted %d of %d", n.id, a, cm.Epoch)
+			}
+		}
+		epoch = cm.Epoch
+		return nil
+	})
+	renewals := func() map[string]uint64 {
+		ls, err := st.NodeLeases(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := map[string]uint64{}
+		for _, l := range ls {
+			r[l.Node] = l.Renewal
+		}
+		return r
+	}
+	before := renewals()
+	eventually(t, 20*time.Second, "six renewals of every live node", func() error {
+		now := renewals()
+		for _, id := range members {
+			if now[id] < before[id]+6 {
+				return fmt.Errorf("%s renewed %d times", id, now[id]-before[id])
+			}
+		}
+		return nil
+	})
+	cm, err := st.LatestClusterMap(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cm.Epoch != epoch {
+		t.Fatalf("the epoch moved from %d to %d with the live set unchanged: the nodes keep proposing", epoch, cm.Epoch)
+	}
+}
+
+// TestDivergentViewsConverge: three nodes that all renew their leases,
+// but whose membership views disagree (a and b each miss the other, as
+// after a partition that memberlist has not healed yet), agree on one
+// map listing all three, and stop proposing. Each node counts a node its
+// view misses as live while its lease row is renewed: every node reads
+// the same rows.
+func TestDivergentViewsConverge(t *testing.T) {
+	c := newTestCluster(t)
+	a, b, d := c.startViewNode("node-a"), c.startViewNode("node-b"), c.startViewNode("node-d")
+	nodes := []*viewNode{a, b, d}
+	for _, n := range nodes {
+		n.see("node-a", "node-b", "node-d")
+	}
+	stableAt(t, c.st, nodes, "node-a", "node-b", "node-d")
+	a.see("node-a", "node-d")
+	b.see("node-b", "node-d")
+	stableAt(t, c.st, nodes, "node-a", "node-b", "node-d")
+}
+
+// TestViewWithoutStoreExcluded: a node cut off from the store but still
+// in one node's view (gossip reaches it) is left out of the map by every
+// node once its lease expired, and the nodes stop proposing; when it
+// renews again it is back in.
+func TestViewWithoutStoreExcluded(t *testing.T) {
+	c := newTestCluster(t)
+	a, b, x := c.startViewNode("node-a"), c.startViewNode("node-b"), c.startViewNode("node-x")
+	all := []*viewNode{a, b, x}
+	for _, n := range all {
+		n.see("node-a", "node-b", "node-x")
+	}
+	stableAt(t, c.st, all, "node-a", "node-b", "node-x")
+	x.st.fail.Store(true)
+	b.see("node-a", "node-b")
+	stableAt(t, c.st, []*viewNode{a, b}, "node-a", "node-b")
+	x.st.fail.Store(false)
+	b.see("node-a", "node-b", "node-x")
+	stableAt(t, c.st, all, "node-a", "node-b", "node-x")
 }
