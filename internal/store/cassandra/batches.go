@@ -51,6 +51,10 @@ type Batches struct {
 	// win is how far beyond its verified head this view writes: window,
 	// or less in tests.
 	win int64
+	// grace is how long superseded versions and expunged rows outlive
+	// the batch that makes them garbage (batchgc.go): defaultGrace, or
+	// less in tests. Readers that take half of it start again.
+	grace time.Duration
 	// noFence, set only by tests, makes adoptions skip their tombstones:
 	// TestFencingWithoutTombstones shows that the fencing test then fails.
 	noFence bool
@@ -70,7 +74,7 @@ var (
 // mode on a keyspace that holds ordered mailboxes.
 func (e *Engine) Batches() *Batches {
 	e.batchesOnce.Do(func() {
-		b := &Batches{e: e, mboxes: map[store.ID]*bmbox{}, users: map[string]*bpipe{}, log: e.log, win: window}
+		b := &Batches{e: e, mboxes: map[store.ID]*bmbox{}, users: map[string]*bpipe{}, log: e.log, win: window, grace: defaultGrace}
 		b.gc = newCollector(b)
 		e.batches = b
 	})

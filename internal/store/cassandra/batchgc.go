@@ -22,6 +22,15 @@ import (
 // deletes. Within one item, the uid-keyed rows go before the change log
 // entries that validate them (batchread.go relies on that order).
 //
+// Superseded versions, expunged rows and pruned expunges wait
+// Batches.grace after their batch was acknowledged before they are
+// collected: a reader that read
+// the head before that batch's head write still finds the rows the head
+// it read shows (the added entry of a message flagged since, the rows of
+// a message expunged since), provided it finishes within half the grace,
+// which readers check (batchread.go). Without the wait, a change log read
+// racing a flag change missed the message's addition altogether.
+//
 // Garbage is soft state: a process that dies loses what it had queued.
 // What that leaves is harmless to readers (they take each UID's latest
 // valid version) and bounded: the expunged messages' rows are collected
@@ -54,7 +63,11 @@ type gcItem struct {
 	from    uint64
 	to      uint64
 	blob    store.ID
+	due     time.Time // not collected before
 }
+
+// defaultGrace is Batches.grace: far beyond any reader's run.
+const defaultGrace = 20 * time.Second
 
 // collector collects the batch mode's garbage in the background.
 type collector struct {
@@ -69,6 +82,7 @@ type collector struct {
 	stopped chan struct{}
 	running bool
 	gone    map[store.ID]bool // deleted mailboxes
+	hurry   int               // drains waiting: collect items before they are due
 	done    sync.WaitGroup
 }
 
@@ -93,6 +107,12 @@ func (c *collector) add(items []gcItem) {
 	if c.isIdle {
 		c.idle, c.isIdle = make(chan struct{}), false
 	}
+	due := time.Now().Add(c.b.grace)
+	for i := range items {
+		if items[i].kind != gcUnmark {
+			items[i].due = due
+		}
+	}
 	c.queue = append(c.queue, items...)
 	if !c.running {
 		c.running = true
@@ -112,11 +132,23 @@ func (c *collector) forget(id store.ID) {
 	c.mu.Unlock()
 }
 
-// drain waits until everything queued so far is collected.
+// drain waits until everything queued so far is collected, collecting
+// it without waiting for it to be due (Check, Close: a reader racing them
+// may miss what the grace is for).
 func (c *collector) drain(ctx context.Context) error {
 	c.mu.Lock()
 	ch := c.idle
+	c.hurry++
 	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.hurry--
+		c.mu.Unlock()
+	}()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
@@ -140,19 +172,35 @@ func (c *collector) stop(ctx context.Context) {
 
 func (c *collector) loop() {
 	defer c.done.Done()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
 	for {
 		select {
 		case <-c.stopped:
 			return
 		case <-c.wake:
+		case <-timer.C:
 		}
 		for {
 			c.mu.Lock()
-			items := c.queue
-			c.queue = nil
+			var items, later []gcItem
+			now := time.Now()
+			for _, it := range c.queue {
+				if c.hurry > 0 || !it.due.After(now) {
+					items = append(items, it)
+				} else {
+					later = append(later, it)
+				}
+			}
+			c.queue = later
 			c.busy = len(items) > 0
 			if !c.busy {
-				if !c.isIdle {
+				if len(later) > 0 {
+					// The queue is in due order: items are added with
+					// due times that only grow.
+					timer.Reset(time.Until(later[0].due))
+				} else if !c.isIdle {
 					close(c.idle)
 					c.isIdle = true
 				}

@@ -20,6 +20,10 @@ import (
 // tombstones' ranges); without a valid version, the state is the one the
 // message was added with.
 //
+// The collector waits a grace after a batch before it deletes what the
+// batch superseded (batchgc.go), and a read that takes half of it starts
+// again: so a read finds every row the head it read shows.
+//
 // The collector deletes a superseded version's row before its change log
 // entry, and an expunged message's rows before its entries. So a version
 // whose entry is missing while its row is still there was never valid,
@@ -250,6 +254,7 @@ func (b *Batches) ListMessages(ctx context.Context, mailbox store.ID, from uint3
 }
 
 func (b *Batches) listMessages(ctx context.Context, mailbox store.ID, from uint32, limit int) ([]store.Message, error) {
+	began := time.Now()
 	h, err := b.readHead(ctx, mailbox, false)
 	if err != nil {
 		return nil, err
@@ -275,12 +280,24 @@ func (b *Batches) listMessages(ctx context.Context, mailbox store.ID, from uint3
 			start = int64(rows[len(rows)-1].msg.UID) + 1
 		}
 	}
-	return out, nil
+	return out, b.inGrace(began)
+}
+
+// inGrace returns errStale when a read that began at began took half the
+// grace or more: rows the head it read shows may have been collected
+// meanwhile (batchgc.go). A grace of 0 (a test that switches it off)
+// checks nothing.
+func (b *Batches) inGrace(began time.Time) error {
+	if b.grace > 0 && time.Since(began) >= b.grace/2 {
+		return errStale
+	}
+	return nil
 }
 
 // GetMessage implements store.Engine.
 func (b *Batches) GetMessage(ctx context.Context, mailbox store.ID, uid uint32) (store.Message, error) {
 	for attempt := 0; ; attempt++ {
+		began := time.Now()
 		h, err := b.readHead(ctx, mailbox, false)
 		if err != nil {
 			return store.Message{}, err
@@ -292,6 +309,9 @@ func (b *Batches) GetMessage(ctx context.Context, mailbox store.ID, uid uint32) 
 		var msgs []store.Message
 		if err == nil {
 			msgs, err = b.resolve(ctx, mailbox, h, rows)
+		}
+		if err == nil {
+			err = b.inGrace(began)
 		}
 		if err == errStale && attempt < maxReadAttempts {
 			continue
@@ -320,10 +340,26 @@ func (b *Batches) Changes(ctx context.Context, mailbox store.ID, since uint64, l
 }
 
 func (b *Batches) changes(ctx context.Context, mailbox store.ID, since uint64, limit int) ([]store.Change, error) {
+	began := time.Now()
 	h, err := b.readHead(ctx, mailbox, false)
 	if err != nil {
 		return nil, err
 	}
+	out, err := b.changesAt(ctx, mailbox, since, limit, h)
+	if err != nil {
+		return nil, err
+	}
+	if h, err = b.readHead(ctx, mailbox, false); err != nil {
+		return nil, err
+	}
+	if since < h.ExpungeFloor {
+		return nil, forgotten(mailbox, since, h.ExpungeFloor)
+	}
+	return out, b.inGrace(began)
+}
+
+// changesAt reads the change log as head h shows it.
+func (b *Batches) changesAt(ctx context.Context, mailbox store.ID, since uint64, limit int, h bhead) ([]store.Change, error) {
 	if since < h.ExpungeFloor {
 		return nil, forgotten(mailbox, since, h.ExpungeFloor)
 	}
@@ -363,12 +399,6 @@ func (b *Batches) changes(ctx context.Context, mailbox store.ID, since uint64, l
 			break
 		}
 		cursor = last
-	}
-	if h, err = b.readHead(ctx, mailbox, false); err != nil {
-		return nil, err
-	}
-	if since < h.ExpungeFloor {
-		return nil, forgotten(mailbox, since, h.ExpungeFloor)
 	}
 	return out, nil
 }
