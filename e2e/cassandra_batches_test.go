@@ -61,10 +61,13 @@ func TestCassandraClusterBatchFailover(t *testing.T) {
 	// records every message tried (acknowledged or not), acked the ones
 	// answered 250, in order.
 	type client struct {
-		via   *Server
-		acked []string // tokens, in acknowledgement order
-		sent  map[string][]byte
-		after int // acknowledged deliveries after the kill
+		via     *Server
+		acked   []string // tokens, in acknowledgement order
+		sent    map[string][]byte
+		after   int           // acknowledged deliveries after the kill
+		ackedAt int           // len(acked) at the kill
+		refused int           // deliveries refused after the kill
+		slowest time.Duration // the longest acknowledged transaction after the kill
 	}
 	var mu sync.Mutex // guards clients' fields and killed
 	var killed time.Time
@@ -77,9 +80,14 @@ func TestCassandraClusterBatchFailover(t *testing.T) {
 			mu.Lock()
 			cl.sent[tok] = msg
 			mu.Unlock()
+			began := time.Now()
 			if err := smtpSend(cl.via.Addr("smtp"), false, "sender@remote.test", []string{user}, msg); err != nil {
 				mu.Lock()
 				dead := !killed.IsZero() && cl.via == b
+				if !killed.IsZero() && !dead {
+					cl.refused++
+					t.Logf("delivery %s through the surviving node refused during the failover: %v", tok, err)
+				}
 				mu.Unlock()
 				if dead {
 					return // the killed node's client stops
@@ -91,6 +99,7 @@ func TestCassandraClusterBatchFailover(t *testing.T) {
 			cl.acked = append(cl.acked, tok)
 			if !killed.IsZero() {
 				cl.after++
+				cl.slowest = max(cl.slowest, time.Since(began))
 				if firstAfter == 0 {
 					firstAfter = time.Since(killed)
 				}
@@ -148,11 +157,41 @@ func TestCassandraClusterBatchFailover(t *testing.T) {
 	b.Kill()
 	mu.Lock()
 	killed = time.Now()
+	for _, cl := range clients {
+		cl.ackedAt = len(cl.acked)
+	}
 	mu.Unlock()
 	wg.Wait()
-	t.Logf("kill -9 of the manager to the first acknowledged delivery through the other node: %v", firstAfter)
-	if firstAfter > 20*time.Second {
-		t.Errorf("takeover took %v; detection + lease term + margin is a few seconds", firstAfter)
+	t.Logf("kill -9 of the manager to the first acknowledged delivery through the other node: %v; the slowest acknowledged delivery after the kill took %v",
+		firstAfter, clients[0].slowest)
+	// Deliveries are never refused meanwhile (the cluster issue's item 6):
+	// what cannot reach a manager is recorded as a pending delivery and
+	// applied once the bucket has one again (ADR 0034).
+	if clients[0].refused > 0 {
+		t.Errorf("%d deliveries through the surviving node refused during the failover; want none", clients[0].refused)
+	}
+	if firstAfter > 5*time.Second {
+		t.Errorf("the first delivery after the kill was acknowledged after %v", firstAfter)
+	}
+	// The pending deliveries are applied: every acknowledged message is
+	// in the INBOX once the new manager has drained the bucket.
+	var acked int
+	for _, cl := range clients {
+		acked += len(cl.acked)
+	}
+	eventually(t, 60*time.Second, "every acknowledged delivery stored", func() error {
+		n, err := popCount(a.Addr("pop3"), user, pass)
+		if err != nil {
+			return err
+		}
+		if n < acked {
+			return fmt.Errorf("%d of %d stored", n, acked)
+		}
+		return nil
+	})
+	if v := scrape(t, a, "quill_cluster_forwarded_total", `op="append",result="pending"`); v > 0 {
+		t.Logf("%v deliveries recorded as pending; applied %v s after their 250 on average", v,
+			scrape(t, a, "quill_cluster_pending_delivery_seconds_sum", "")/scrape(t, a, "quill_cluster_pending_delivery_seconds_count", ""))
 	}
 
 	// Every acknowledged message exactly once, byte-exact, in each
@@ -184,12 +223,15 @@ func TestCassandraClusterBatchFailover(t *testing.T) {
 	total := 0
 	for i, cl := range clients {
 		last := -1
-		for _, tok := range cl.acked {
+		for j, tok := range cl.acked {
 			p, ok := pos[tok]
 			if !ok {
 				t.Fatalf("client %d: acknowledged message %s lost", i, tok)
 			}
-			if p <= last {
+			// Before the kill each client's messages are stored in the
+			// order acknowledged; after it, a pending delivery may be
+			// applied after a later one that reached the new manager.
+			if j < cl.ackedAt && p <= last {
 				t.Fatalf("client %d: message %s acknowledged after one with a higher UID", i, tok)
 			}
 			last = p
@@ -340,4 +382,37 @@ func TestCassandraClusterRefusesOrderedKeyspace(t *testing.T) {
 		testMessage("sender@remote.test", "o@example.test", "ordered", token())); err != nil {
 		t.Fatalf("delivery through a node without the cluster on the ordered keyspace: %v", err)
 	}
+}
+
+// popCount returns the number of messages in user's maildrop.
+func popCount(addr, user, pass string) (int, error) {
+	p, err := dialPOP3(addr, user, pass)
+	if err != nil {
+		return 0, err
+	}
+	defer p.Quit()
+	n, _, err := p.Stat()
+	return n, err
+}
+
+// scrape returns the value of metric name with exactly the label set
+// labels (`a="x",b="y"`, or "" for none) from s's /metrics, or 0 when s
+// exports no such series.
+func scrape(t *testing.T, s *Server, name, labels string) float64 {
+	t.Helper()
+	series := name
+	if labels != "" {
+		series += "{" + labels + "}"
+	}
+	_, body := httpGet(t, "http://"+s.Addr("admin")+"/metrics")
+	for _, l := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(l, series+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				t.Fatalf("/metrics: %s: %v", l, err)
+			}
+			return f
+		}
+	}
+	return 0
 }

@@ -33,11 +33,12 @@ import (
 // client UIDs increasing and never reused, MODSEQ never decreasing, no
 // acknowledged flag change, EXPUNGE, DELE+QUIT or MOVE lost.
 //
-// Today the nodes share Cassandra through conditional updates; there are
-// no user managers and no fencing yet, so nothing here can yet show the
-// checker failing with fencing switched off. QUILL_ROBUST_CLUSTER=1 runs
-// the nodes in cluster mode (--cluster-addr, --join: membership and change
-// events between the nodes; robustClusterArgs).
+// By default the nodes run without the cluster and share Cassandra's
+// ordered mode (conditional updates). QUILL_ROBUST_CLUSTER=1 runs them in
+// cluster mode (--cluster-addr, --join: membership, ownership, forwarded
+// writes, pending deliveries and change events; robustClusterArgs), on
+// the batch mode; the fencing scenario (TestFencingWithoutTombstones,
+// internal/store/cassandra) shows this checker failing with fencing off.
 //
 // It runs in scripts/test's 3-node Cassandra stage (QUILL_CASSANDRA_NODES=3)
 // for QUILL_ROBUST_DURATION (default 75s) of load. A long run is the same
@@ -168,6 +169,10 @@ maildrop_lease = "5s"
 	if err := nem.heal(false); err != nil {
 		t.Fatalf("healing: %v", err)
 	}
+	// With the cluster on, deliveries recorded as pending (ADR 0034) are
+	// acknowledged and applied later: the final state is read once every
+	// node's applier has found none left.
+	waitNoPending(t, nodes, 3*time.Minute)
 	rounds, err := readFinalState(t, rec, nodes, users, passwords)
 	if err != nil {
 		t.Errorf("final reads: %v", err)
@@ -234,6 +239,28 @@ maildrop_lease = "5s"
 		} else {
 			t.Logf("history written to %s", path)
 		}
+	}
+}
+
+// waitNoPending waits until every node reports no bucket with pending
+// deliveries (quill_cluster_pending_buckets; nodes without the cluster
+// report none), or within passes.
+func waitNoPending(t *testing.T, nodes *robustNodes, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		left := 0.0
+		for _, s := range nodes.all() {
+			left += scrape(t, s, "quill_cluster_pending_buckets", "")
+		}
+		if left == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("pending deliveries still listed after %v (%v buckets summed over the nodes)", within, left)
+			return
+		}
+		time.Sleep(200 * time.Millisecond) // paces the polling of an observable condition
 	}
 }
 

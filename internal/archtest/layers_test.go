@@ -30,7 +30,7 @@ var allowed = map[string][]string{
 	"bench/compare": {"internal/auth", "internal/loadgen", "internal/server", "internal/store", "internal/store/embedded"},
 
 	// Composition root: may import everything below it.
-	"internal/server": {"internal/admin", "internal/auth", "internal/cluster", "internal/cluster/events", "internal/cluster/forward", "internal/config", "internal/delivery", "internal/imap", "internal/load", "internal/mailbox",
+	"internal/server": {"internal/admin", "internal/auth", "internal/cluster", "internal/cluster/events", "internal/cluster/forward", "internal/cluster/pending", "internal/config", "internal/delivery", "internal/imap", "internal/load", "internal/mailbox",
 		"internal/pop3", "internal/smtp", "internal/store", "internal/store/cassandra", "internal/store/embedded", "internal/textconn",
 		"internal/usermgr"},
 
@@ -78,7 +78,10 @@ var allowed = map[string][]string{
 		"internal/cluster/ownership", "internal/cluster/transport", "internal/cluster/usermap", "internal/load", "internal/store"},
 	// Forwarded writes: the store that routes each mailbox write to the
 	// user's manager, and the handler that applies what others forward.
-	"internal/cluster/forward": {"internal/cluster/clusterpb", "internal/cluster/ownership", "internal/store"},
+	// Pending deliveries' applier (ADR 0034): over the store's records,
+	// the user manager and the ownership, both behind interfaces.
+	"internal/cluster/pending": {"internal/store"},
+	"internal/cluster/forward": {"internal/cluster/clusterpb", "internal/cluster/ownership", "internal/cluster/usermap", "internal/store"},
 
 	// Leaves.
 	"internal/config":   {"internal/mail"},

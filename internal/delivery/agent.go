@@ -310,7 +310,7 @@ func (a *Agent) appendInbox(ctx context.Context, user string, nm store.NewMessag
 		if err != nil {
 			return err
 		}
-		_, err = a.st.Append(ctx, inbox, []store.NewMessage{nm}, store.AppendOptions{CheckQuota: true})
+		_, err = a.st.Append(ctx, inbox, []store.NewMessage{nm}, store.AppendOptions{CheckQuota: true, Deferrable: true})
 		switch {
 		case err == nil:
 			return nil

@@ -32,6 +32,7 @@ import (
 	"quill/internal/cluster"
 	"quill/internal/cluster/events"
 	"quill/internal/cluster/forward"
+	"quill/internal/cluster/pending"
 	"quill/internal/config"
 	"quill/internal/delivery"
 	"quill/internal/load"
@@ -83,6 +84,9 @@ type Server struct {
 	store   nodeStore
 	engine  store.Engine
 	cluster *cluster.Node // nil with the cluster off
+	// pending applies the pending deliveries of the buckets this node
+	// manages (nil with the cluster off).
+	pending *pending.Applier
 	load    *load.Monitor
 	reg     *prometheus.Registry
 	ready   atomic.Bool
@@ -353,10 +357,21 @@ func (s *Server) startStore(hub *mailbox.Hub, notifier usermgr.Notifier) error {
 		return err
 	}
 	s.cluster.ServeForwarded(h)
-	fs, err := forward.New(forward.Options{
+	fopts := forward.Options{
 		Local: mgr, Owner: owner, Peers: s.cluster, Timeout: s.cfg.Cluster.ForwardTimeout.Duration,
 		Notifier: hub, Logger: s.log.With("component", "forward"), Registerer: s.reg,
-	})
+	}
+	// Deliveries that cannot reach the manager are recorded and applied
+	// later (ADR 0034) on an engine several nodes share.
+	if pd, ok := s.engine.(store.PendingDeliveries); ok {
+		fopts.Pending = pd
+		s.pending, err = pending.Start(pending.Options{Store: pd, Manager: mgr, Owner: owner,
+			Logger: s.log.With("component", "pending"), Registerer: s.reg})
+		if err != nil {
+			return err
+		}
+	}
+	fs, err := forward.New(fopts)
 	if err != nil {
 		return err
 	}
@@ -492,6 +507,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.wg.Wait()
 	err := errors.Join(errs...)
+	if s.pending != nil {
+		s.pending.Close()
+	}
 	if s.cluster != nil {
 		// Leaves the cluster (the others list this node dead at once),
 		// then stops membership and the transport.
@@ -518,6 +536,9 @@ func (s *Server) closeAll() {
 		os.Remove(filepath.Join(s.cfg.DataDir, AdminAddrFile))
 	}
 	s.wg.Wait()
+	if s.pending != nil {
+		s.pending.Close()
+	}
 	if s.cluster != nil {
 		s.cluster.Shutdown(context.Background())
 	}

@@ -208,6 +208,13 @@ type AppendOptions struct {
 	// CheckQuota makes Append fail with ErrOverQuota when the new messages
 	// would take the user's usage over its quota.
 	CheckQuota bool
+	// Deferrable: the caller (a delivery, after its recipients' checks)
+	// accepts that, when the user's manager cannot be reached in time, the
+	// messages be recorded as pending deliveries, to be applied by the
+	// manager later (PendingDeliveries, ADR 0034). Append then returns
+	// them with UID 0. Only a cluster's routing store defers; every other
+	// store appends as without it.
+	Deferrable bool
 }
 
 // FlagOp is how SetFlags combines the given flags with a message's flags.

@@ -406,6 +406,18 @@ func (u *user) addUsage(d store.Usage) {
 // UIDNEXT and one new MODSEQ, in one batch. It does not wait for the
 // user's other appends in flight.
 func (m *Manager) Append(ctx context.Context, mailbox store.ID, msgs []store.NewMessage, opts store.AppendOptions) ([]store.Message, error) {
+	return m.append(ctx, mailbox, msgs, opts, nil)
+}
+
+// errSkipped: append's before hook found the append already applied.
+var errSkipped = errors.New("usermgr: already applied")
+
+// append is Append, with before (if not nil) run under the user's lock
+// once the mailbox's head is loaded and before the UIDs are assigned:
+// it may fail the append, or skip it (the append then fails with
+// errSkipped, having submitted nothing).
+func (m *Manager) append(ctx context.Context, mailbox store.ID, msgs []store.NewMessage, opts store.AppendOptions,
+	before func(u *user, h *head) (skip bool, err error)) ([]store.Message, error) {
 	if m.w == nil {
 		out, err := m.own.Append(ctx, mailbox, msgs, opts)
 		if err == nil || errors.Is(err, store.ErrOutcomeUnknown) {
@@ -445,6 +457,12 @@ func (m *Manager) Append(ctx context.Context, mailbox store.ID, msgs []store.New
 	if err == nil && opts.CheckQuota {
 		err = m.quotaRoom(ctx, u, total)
 	}
+	if err == nil && before != nil {
+		var skip bool
+		if skip, err = before(u, h); err == nil && skip {
+			err = errSkipped
+		}
+	}
 	if err != nil {
 		m.unlock(u)
 		return nil, err
@@ -474,6 +492,53 @@ func (m *Manager) Append(ctx context.Context, mailbox store.ID, msgs []store.New
 		return nil, err
 	}
 	return out, nil
+}
+
+// ApplyPending appends the message of the pending delivery p (ADR 0034)
+// to its mailbox, as its delivery would have, unless an earlier attempt
+// did; it reports whether one had. The caller deletes the record once it
+// returns nil; ErrNotFound means the mailbox is gone (no other error
+// wraps it).
+//
+// Exactly once: under the user's lock, once the mailbox is adopted under
+// this node's epoch (so that nothing an earlier manager left above the
+// head can appear later) and the user's batches in flight are done, a
+// record marked with a UID whose message is there with the record's blob
+// was applied. Otherwise the UID the append takes is marked in the record
+// (pd.MarkPending) before the append is submitted. A message applied and
+// then expunged before its record was deleted (the applier died between
+// the two) is not found, and is applied again: a duplicate, never a loss.
+// The quota is not checked: the message was accepted with a 250.
+func (m *Manager) ApplyPending(ctx context.Context, pd store.PendingDeliveries, p store.PendingDelivery) (already bool, err error) {
+	if m.w == nil {
+		return false, fmt.Errorf("%w: pending deliveries need an engine that applies batches", store.ErrInvalid)
+	}
+	nm := store.NewMessage{Blob: p.Blob, Size: p.Size, Flags: p.Flags, InternalDate: p.InternalDate, Meta: p.Meta}
+	_, err = m.append(ctx, p.Mailbox, []store.NewMessage{nm}, store.AppendOptions{}, func(u *user, h *head) (bool, error) {
+		if err := m.drain(ctx, u); err != nil {
+			return false, err
+		}
+		if p.UID != 0 {
+			msg, err := m.Engine.GetMessage(ctx, p.Mailbox, p.UID)
+			if err == nil && msg.Blob == p.Blob {
+				return true, nil
+			}
+			if err != nil && !errors.Is(err, store.ErrNotFound) {
+				return false, err
+			}
+		}
+		return false, pd.MarkPending(ctx, p, h.uidNext)
+	})
+	switch {
+	case errors.Is(err, errSkipped):
+		return true, nil
+	case errors.Is(err, store.ErrNotFound):
+		// The mailbox, or (held by the record, so never) the blob.
+		if _, merr := m.Engine.GetMailboxByID(ctx, p.Mailbox); !errors.Is(merr, store.ErrNotFound) {
+			return false, fmt.Errorf("usermgr: applying a pending delivery to mailbox %s: %v", p.Mailbox, err)
+		}
+	}
+	return false, err
 }
 
 // readMessages returns the present messages among uids (ascending), read

@@ -14,10 +14,12 @@
 // unavailable; or the call never left this node: no connection could be
 // made) is retried against the newest view of who manages the user until
 // Options.Timeout; then it fails with ErrManagerUnreachable, which wraps
-// store.ErrUnavailable (a temporary failure for the client). That error
-// is the seam for pending deliveries (the cluster issue's item 6): a
-// delivery that meets it has applied nothing and may be recorded durably
-// instead of refused.
+// store.ErrUnavailable (a temporary failure for the client). A
+// delivery's append (store.AppendOptions.Deferrable) that meets it after
+// Options.PendingAfter, with Options.Pending set, has applied nothing and
+// is recorded as a pending delivery instead (ADR 0034; the cluster
+// issue's item 6): its body stored here, a durable record in the user's
+// bucket, which the bucket's manager applies (internal/cluster/pending).
 //
 // A call that may have reached the manager and got no answer of the
 // manager's own (the connection broke, the deadline passed) is never
@@ -42,11 +44,16 @@ import (
 
 	"quill/internal/cluster/clusterpb"
 	"quill/internal/cluster/ownership"
+	"quill/internal/cluster/usermap"
 	"quill/internal/store"
 )
 
 // DefaultTimeout bounds a forwarded write, retries included.
 const DefaultTimeout = 5 * time.Second
+
+// DefaultPendingAfter bounds a deferrable append's attempts to reach the
+// manager before it is recorded as a pending delivery.
+const DefaultPendingAfter = time.Second
 
 // ErrManagerUnreachable: the user's manager could not be reached within
 // the bound, or kept refusing; nothing of the write was applied.
@@ -87,10 +94,14 @@ type Options struct {
 	Owner Owner
 	Peers Peers
 	// Timeout bounds a forwarded write (DefaultTimeout when zero).
-	Timeout    time.Duration
-	Notifier   Notifier // may be nil
-	Logger     *slog.Logger
-	Registerer prometheus.Registerer // may be nil
+	Timeout time.Duration
+	// Pending, if set, records the deferrable appends whose manager is
+	// not reached within PendingAfter (DefaultPendingAfter when zero).
+	Pending      store.PendingDeliveries
+	PendingAfter time.Duration
+	Notifier     Notifier // may be nil
+	Logger       *slog.Logger
+	Registerer   prometheus.Registerer // may be nil
 }
 
 // Store routes mailbox writes to the user's manager; everything else is
@@ -100,6 +111,8 @@ type Store struct {
 	owner   Owner
 	peers   Peers
 	timeout time.Duration
+	pending store.PendingDeliveries
+	pendAft time.Duration
 	notify  Notifier
 	log     *slog.Logger
 	sent    *prometheus.CounterVec
@@ -118,14 +131,18 @@ func New(opts Options) (*Store, error) {
 	if opts.Timeout <= 0 {
 		opts.Timeout = DefaultTimeout
 	}
+	if opts.PendingAfter <= 0 {
+		opts.PendingAfter = DefaultPendingAfter
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Store{Local: opts.Local, owner: opts.Owner, peers: opts.Peers, timeout: opts.Timeout,
+		pending: opts.Pending, pendAft: min(opts.PendingAfter, opts.Timeout),
 		notify: opts.Notifier, log: opts.Logger, owners: map[store.ID]string{},
 		sent: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quill_cluster_forwarded_total",
-			Help: "Mailbox writes this node sent to the user's manager on another node, by operation and result (ok, refused: a store error, unreachable, unknown).",
+			Help: "Mailbox writes this node sent to the user's manager on another node, by operation and result (ok, refused: a store error, unreachable, unknown, pending: recorded as a pending delivery).",
 		}, []string{"op", "result"}),
 	}
 	if opts.Registerer != nil {
@@ -159,9 +176,9 @@ func (s *Store) userOf(ctx context.Context, mailbox store.ID) (string, error) {
 
 // route runs a write of user's: local while this node manages user, else
 // remote against the manager's client, retrying refusals until the bound.
-func (s *Store) route(ctx context.Context, op, user string, local func(context.Context) error,
+func (s *Store) route(ctx context.Context, op, user string, bound time.Duration, local func(context.Context) error,
 	remote remoteCall) error {
-	deadline := time.Now().Add(s.timeout)
+	deadline := time.Now().Add(bound)
 	wait := 5 * time.Millisecond
 	var last error
 	for {
@@ -283,7 +300,12 @@ func (s *Store) Append(ctx context.Context, mailbox store.ID, msgs []store.NewMe
 	}
 	var out []store.Message
 	var req *clusterpb.AppendRequest
-	err = s.route(ctx, "append", user, func(ctx context.Context) error {
+	bound := s.timeout
+	deferrable := opts.Deferrable && s.pending != nil
+	if deferrable {
+		bound = s.pendAft
+	}
+	err = s.route(ctx, "append", user, bound, func(ctx context.Context) error {
 		out, err = s.Local.Append(ctx, mailbox, msgs, opts)
 		return err
 	}, func(ctx context.Context, c clusterpb.NodeClient, copts ...grpc.CallOption) error {
@@ -308,8 +330,42 @@ func (s *Store) Append(ctx context.Context, mailbox store.ID, msgs []store.NewMe
 		s.published(mailbox)
 		return nil
 	})
+	if deferrable && errors.Is(err, ErrManagerUnreachable) {
+		return s.deferAppend(ctx, user, mailbox, msgs, req)
+	}
 	if err != nil {
 		return nil, err
+	}
+	return out, nil
+}
+
+// deferAppend records msgs as pending deliveries to mailbox of user's
+// (ADR 0034), storing inline bodies first unless req, the append request
+// an earlier attempt built, stored them already. It returns the messages
+// with UID 0.
+func (s *Store) deferAppend(ctx context.Context, user string, mailbox store.ID, msgs []store.NewMessage, req *clusterpb.AppendRequest) ([]store.Message, error) {
+	out := make([]store.Message, len(msgs))
+	for i, nm := range msgs {
+		blob := nm.Blob
+		switch {
+		case req != nil:
+			blob = store.ID(req.Messages[i].Blob)
+		case nm.Body != nil:
+			id, _, err := s.Local.PutBlob(ctx, bytesReader(nm.Body), int64(len(nm.Body)))
+			if err != nil {
+				return nil, fmt.Errorf("forward: storing a pending delivery's body: %w", err)
+			}
+			blob = id
+		}
+		p := store.PendingDelivery{Bucket: usermap.Bucket(user), At: time.Now().UnixNano(), ID: store.NewID(),
+			User: user, Mailbox: mailbox, Blob: blob, Size: nm.Size, Flags: nm.Flags,
+			InternalDate: nm.InternalDate, Meta: nm.Meta}
+		if err := s.pending.PutPending(ctx, p); err != nil {
+			return nil, fmt.Errorf("forward: recording a pending delivery for %s: %w", user, err)
+		}
+		s.sent.WithLabelValues("append", "pending").Inc()
+		s.log.Info("delivery recorded as pending: the user's manager was not reached", "user", user, "bucket", p.Bucket)
+		out[i] = store.Message{Flags: nm.Flags, InternalDate: nm.InternalDate, Size: nm.Size, Blob: blob, Meta: nm.Meta}
 	}
 	return out, nil
 }
@@ -343,7 +399,7 @@ func (s *Store) SetFlags(ctx context.Context, mailbox store.ID, change store.Fla
 		return store.FlagResult{}, fmt.Errorf("mailbox %s: %w", mailbox, err)
 	}
 	var res store.FlagResult
-	err = s.route(ctx, "set_flags", user, func(ctx context.Context) error {
+	err = s.route(ctx, "set_flags", user, s.timeout, func(ctx context.Context) error {
 		res, err = s.Local.SetFlags(ctx, mailbox, change)
 		return err
 	}, func(ctx context.Context, c clusterpb.NodeClient, copts ...grpc.CallOption) error {
@@ -374,7 +430,7 @@ func (s *Store) Expunge(ctx context.Context, mailbox store.ID, uids []uint32) ([
 		gone   []uint32
 		modseq uint64
 	)
-	err = s.route(ctx, "expunge", user, func(ctx context.Context) error {
+	err = s.route(ctx, "expunge", user, s.timeout, func(ctx context.Context) error {
 		gone, modseq, err = s.Local.Expunge(ctx, mailbox, uids)
 		return err
 	}, func(ctx context.Context, c clusterpb.NodeClient, copts ...grpc.CallOption) error {
@@ -398,7 +454,7 @@ func (s *Store) Move(ctx context.Context, from store.ID, uids []uint32, to store
 	if err != nil {
 		return nil, nil, fmt.Errorf("mailbox %s: %w", from, err)
 	}
-	err = s.route(ctx, "move", user, func(ctx context.Context) error {
+	err = s.route(ctx, "move", user, s.timeout, func(ctx context.Context) error {
 		src, dst, err = s.Local.Move(ctx, from, uids, to)
 		return err
 	}, func(ctx context.Context, c clusterpb.NodeClient, copts ...grpc.CallOption) error {
@@ -417,7 +473,7 @@ func (s *Store) Move(ctx context.Context, from store.ID, uids []uint32, to store
 
 // DeleteMailbox implements store.Store.
 func (s *Store) DeleteMailbox(ctx context.Context, user, name string) error {
-	return s.route(ctx, "delete_mailbox", user, func(ctx context.Context) error {
+	return s.route(ctx, "delete_mailbox", user, s.timeout, func(ctx context.Context) error {
 		return s.Local.DeleteMailbox(ctx, user, name)
 	}, func(ctx context.Context, c clusterpb.NodeClient, copts ...grpc.CallOption) error {
 		_, err := c.DeleteMailbox(ctx, &clusterpb.DeleteMailboxRequest{User: user, Name: name}, copts...)
@@ -427,7 +483,7 @@ func (s *Store) DeleteMailbox(ctx context.Context, user, name string) error {
 
 // DeleteUser implements store.Store.
 func (s *Store) DeleteUser(ctx context.Context, address string) error {
-	return s.route(ctx, "delete_user", address, func(ctx context.Context) error {
+	return s.route(ctx, "delete_user", address, s.timeout, func(ctx context.Context) error {
 		return s.Local.DeleteUser(ctx, address)
 	}, func(ctx context.Context, c clusterpb.NodeClient, copts ...grpc.CallOption) error {
 		_, err := c.DeleteUser(ctx, &clusterpb.DeleteUserRequest{User: address}, copts...)

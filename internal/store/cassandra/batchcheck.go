@@ -156,6 +156,10 @@ func (b *Batches) Check(ctx context.Context) ([]string, error) {
 	}
 
 	held := map[store.ID]bool{}
+	holds, err := e.pendingHolds(ctx)
+	if err != nil {
+		return nil, err
+	}
 	it = e.read(ctx, `SELECT id, mailbox, uid FROM blob_refs`).PageSize(1000).Iter()
 	var braw, mraw []byte
 	var uid int64
@@ -168,6 +172,9 @@ func (b *Batches) Check(ctx context.Context) ([]string, error) {
 			continue
 		}
 		held[bl] = true
+		if holds[blobRef{bl, m, uid}] {
+			continue // a pending delivery's (deliveries.go)
+		}
 		if got, ok := present[ref{m, uint32(uid)}]; !ok || got != bl {
 			report("blob %s: reference from %s UID %d without such a message", bl, m, uid)
 		}

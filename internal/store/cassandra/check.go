@@ -128,6 +128,10 @@ func (e *Engine) Check(ctx context.Context) ([]string, error) {
 		}
 	}
 
+	holds, err := e.pendingHolds(ctx)
+	if err != nil {
+		return nil, err
+	}
 	it = e.read(ctx, `SELECT id, mailbox, uid FROM blob_refs`).PageSize(1000).Iter()
 	var braw, mraw []byte
 	var uid int64
@@ -136,6 +140,9 @@ func (e *Engine) Check(ctx context.Context) ([]string, error) {
 		copy(b[:], braw)
 		copy(m[:], mraw)
 		blobRefs[b]++
+		if holds[blobRef{b, m, uid}] {
+			continue // a pending delivery's (deliveries.go)
+		}
 		h, ok := heads[m]
 		if ok && h.pending != nil {
 			continue

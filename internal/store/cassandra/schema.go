@@ -163,6 +163,20 @@ var migrations = [][]string{
 		`ALTER TABLE blobs ADD owner blob`,
 		`ALTER TABLE blobs ADD owner_uid bigint`,
 	},
+	7: {
+		// Pending deliveries (store.PendingDeliveries, ADR 0034): the
+		// records of one bucket in one partition, in the order they are
+		// applied; pending_buckets lists the buckets that may hold some,
+		// in one partition every node polls.
+		`CREATE TABLE IF NOT EXISTS pending_deliveries (
+			bucket int, at bigint, id blob,
+			address text, mailbox blob, blob blob, size bigint, flags text, internal_date timestamp, meta blob,
+			uid bigint,
+			PRIMARY KEY (bucket, at, id))`,
+		`CREATE TABLE IF NOT EXISTS pending_buckets (
+			k int, bucket int,
+			PRIMARY KEY (k, bucket))`,
+	},
 }
 
 func createKeyspace(ctx context.Context, s *gocql.Session, keyspace string, repl map[string]string) error {
