@@ -11,7 +11,10 @@
 // It also fans this node's change events out to the other live nodes
 // (Events, internal/cluster/events) and hands theirs to the local hub.
 //
-// What does not exist yet: pending deliveries.
+// A node under sustained overload lowers its weight in the user map, and
+// raises it again once recovered (balance.go). The pending deliveries'
+// applier (internal/cluster/pending) runs beside it, started by the
+// server with the user manager.
 package cluster
 
 import (
@@ -83,6 +86,9 @@ type Node struct {
 	// peersDone is closed when the goroutine that keeps fan's peers in
 	// step with membership has returned.
 	peersDone chan struct{}
+	// balanceStop ends the balancer (balance.go); balanceDone is closed
+	// when it has returned (at once without a load monitor).
+	balanceStop, balanceDone chan struct{}
 
 	shutdown    sync.Once
 	shutdownErr error
@@ -109,7 +115,8 @@ func Start(ctx context.Context, opts Options) (n *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	n = &Node{log: opts.Logger, creds: creds, load: opts.Load, peersDone: make(chan struct{})}
+	n = &Node{log: opts.Logger, creds: creds, load: opts.Load, peersDone: make(chan struct{}),
+		balanceStop: make(chan struct{}), balanceDone: make(chan struct{})}
 	local := opts.Local
 	if local == nil {
 		local = discard{}
@@ -151,6 +158,11 @@ func Start(ctx context.Context, opts Options) (n *Node, err error) {
 	n.own.Store(own)
 	views, cancel := mem.Subscribe()
 	go n.followPeers(views, cancel)
+	if n.load != nil {
+		go n.balance(n.balanceStop)
+	} else {
+		close(n.balanceDone)
+	}
 	n.log.Info("cluster: node started", "node", id, "new_id", created, "addr", n.tr.Addr().String(),
 		"ca", creds.Fingerprint(), "members", len(mem.Live().Members))
 	return n, nil
@@ -191,6 +203,8 @@ func (n *Node) Client(id string) (clusterpb.NodeClient, error) {
 // more than once.
 func (n *Node) Shutdown(ctx context.Context) error {
 	n.shutdown.Do(func() {
+		close(n.balanceStop)
+		<-n.balanceDone
 		relCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		err := n.own.Load().Close(relCtx)
 		cancel()

@@ -52,7 +52,8 @@ const (
 	DefaultDetectionTimeout = 2 * time.Second
 	// DefaultDeadRetention: how long a dead node stays listed.
 	DefaultDeadRetention = time.Hour
-	// DefaultWeight is every node's weight until weights follow load.
+	// DefaultWeight is a node's weight in service; a node under sustained
+	// overload lowers its own (internal/cluster, balance.go).
 	DefaultWeight = 100
 )
 
@@ -396,6 +397,34 @@ func (m *Membership) SetDraining(ctx context.Context, draining bool) error {
 		return fmt.Errorf("membership: announcing draining=%v: %w", draining, err)
 	}
 	return nil
+}
+
+// SetWeight sets this node's Meta.Weight and tells the cluster, as
+// SetDraining does: the next map epoch gives the node a share of buckets
+// in proportion.
+func (m *Membership) SetWeight(ctx context.Context, w uint32) error {
+	m.mu.Lock()
+	if m.mu.meta.Weight == w {
+		m.mu.Unlock()
+		return nil
+	}
+	m.mu.meta.Weight = w
+	m.mu.Unlock()
+	timeout := 5 * time.Second
+	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d)
+	}
+	if err := m.ml.UpdateNode(timeout); err != nil {
+		return fmt.Errorf("membership: announcing weight %d: %w", w, err)
+	}
+	return nil
+}
+
+// Weight returns this node's current Meta.Weight.
+func (m *Membership) Weight() uint32 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.mu.meta.Weight
 }
 
 // Leave tells the other nodes that this node is going (they list it dead

@@ -326,6 +326,21 @@ func TestDraining(t *testing.T) {
 	})
 }
 
+// TestSetWeight: a member's new weight reaches the others' views.
+func TestSetWeight(t *testing.T) {
+	c := newCluster(t)
+	ms := c.startN(2)
+	if err := ms[1].m.SetWeight(context.Background(), DefaultWeight/2); err != nil {
+		t.Fatal(err)
+	}
+	if w := ms[1].m.Weight(); w != DefaultWeight/2 {
+		t.Fatalf("Weight = %d", w)
+	}
+	waitView(t, ms[0], 10*time.Second, "new weight seen", func(v View) bool {
+		return slices.ContainsFunc(v.Members, func(m Member) bool { return m.ID == ms[1].id && m.Meta.Weight == DefaultWeight/2 && m.State == Alive })
+	})
+}
+
 // TestLeave: a member that leaves is dead to the others at once.
 func TestLeave(t *testing.T) {
 	c := newCluster(t)

@@ -675,8 +675,10 @@ func (o *Owner) propose(ctx context.Context, view membership.View) {
 
 // liveLocked returns the members the next map should list, sorted by ID:
 //   - the members of view (this node always) whose lease row is present
-//     and not expired: a node cut off from the store manages nothing,
-//     whether or not gossip still reaches it;
+//     and was renewed within two terms (goneLocked): a node cut off from
+//     the store manages nothing, whether or not gossip still reaches it,
+//     and a node whose renewals are merely slow (a pause, a slow store)
+//     keeps its place rather than having its buckets moved away and back;
 //   - the members of latest that view misses but whose lease row was
 //     renewed within two renewal periods (renewingLocked), with the
 //     weight and draining the map gives them: a node the store still
@@ -684,7 +686,9 @@ func (o *Owner) propose(ctx context.Context, view membership.View) {
 //
 // Both parts but the view's metadata come from the lease rows, which all
 // nodes read alike, so their wants agree once gossip spreads the
-// metadata. A node killed drops out of the second part within two
+// metadata (between two renewal periods and two terms without a renewal,
+// a node only some views list is wanted by those alone, for at most that
+// long). A node killed drops out of the second part within two
 // renewal periods, before memberlist declares it dead; a node cut off
 // from its peers but not from the store keeps its buckets, and the
 // requests forwarded to it fail until the partition heals.
@@ -693,7 +697,7 @@ func (o *Owner) liveLocked(view membership.View, latest store.ClusterMap) []stor
 	inView := make(map[string]bool, len(view.Members))
 	for _, m := range view.Members {
 		inView[m.ID] = true
-		if p := o.peers[m.ID]; m.ID != o.id && (p == nil || o.expiredLocked(p)) {
+		if p := o.peers[m.ID]; m.ID != o.id && (p == nil || o.goneLocked(p)) {
 			continue
 		}
 		want = append(want, store.MapMember{ID: m.ID, Weight: m.Meta.Weight, Draining: m.Meta.Draining})
@@ -705,6 +709,12 @@ func (o *Owner) liveLocked(view membership.View, latest store.ClusterMap) []stor
 	}
 	slices.SortFunc(want, func(a, b store.MapMember) int { return cmpString(a.ID, b.ID) })
 	return want
+}
+
+// goneLocked reports whether p's node gave its lease up or has not renewed
+// it for two terms.
+func (o *Owner) goneLocked(p *peer) bool {
+	return p.lease.Released || p.lastRead.Sub(p.seen) >= 2*o.term
 }
 
 // renewingLocked reports whether p's lease row changed within two renewal

@@ -612,11 +612,21 @@ func (c *testCluster) startViewNode(id string) *viewNode {
 
 // see publishes a view listing ids, each in service.
 func (n *viewNode) see(ids ...string) {
-	v := membership.View{}
+	w := map[string]uint32{}
 	for _, id := range ids {
-		v.Members = append(v.Members, membership.Member{ID: id, State: membership.Alive,
-			Meta: membership.Meta{Weight: membership.DefaultWeight}})
+		w[id] = membership.DefaultWeight
 	}
+	n.seeWeights(w)
+}
+
+// seeWeights publishes a view listing the nodes of weights, with theirs.
+func (n *viewNode) seeWeights(weights map[string]uint32) {
+	v := membership.View{}
+	for id, w := range weights {
+		v.Members = append(v.Members, membership.Member{ID: id, State: membership.Alive,
+			Meta: membership.Meta{Weight: w}})
+	}
+	slices.SortFunc(v.Members, func(a, b membership.Member) int { return cmpString(a.ID, b.ID) })
 	select { // replace an unread view, as Membership.Subscribe does
 	case <-n.views:
 	default:
@@ -630,6 +640,20 @@ func (n *viewNode) see(ids ...string) {
 // would have), and fails t if the newest epoch moved meanwhile.
 func stableAt(t *testing.T, st store.Ownership, nodes []*viewNode, members ...string) {
 	t.Helper()
+	w := map[string]uint32{}
+	for _, id := range members {
+		w[id] = membership.DefaultWeight
+	}
+	stableWeights(t, st, nodes, w)
+}
+
+// stableWeights is stableAt for members of the given weights.
+func stableWeights(t *testing.T, st store.Ownership, nodes []*viewNode, weights map[string]uint32) {
+	t.Helper()
+	var members []string
+	for id := range weights {
+		members = append(members, id)
+	}
 	slices.Sort(members)
 	var epoch uint64
 	eventually(t, 20*time.Second, fmt.Sprintf("one epoch listing %d members", len(members)), func() error {
@@ -640,6 +664,9 @@ func stableAt(t *testing.T, st store.Ownership, nodes []*viewNode, members ...st
 		var ids []string
 		for _, m := range cm.Members {
 			ids = append(ids, m.ID)
+			if m.Weight != weights[m.ID] {
+				return fmt.Errorf("epoch %d gives %s weight %d", cm.Epoch, m.ID, m.Weight)
+			}
 		}
 		if !slices.Equal(ids, members) {
 			return fmt.Errorf("epoch %d lists %v", cm.Epoch, ids)
@@ -719,4 +746,44 @@ func TestViewWithoutStoreExcluded(t *testing.T) {
 	x.st.fail.Store(false)
 	b.see("node-a", "node-b", "node-x")
 	stableAt(t, c.st, all, "node-a", "node-b", "node-x")
+}
+
+// TestWeightMovesBuckets: a node that lowers its weight (a node under
+// sustained overload does: internal/cluster, balance.go) gets a share of
+// buckets in proportion at the next epoch, and its full share back when
+// it raises it again.
+func TestWeightMovesBuckets(t *testing.T) {
+	c := newTestCluster(t)
+	a, b, x := c.startViewNode("node-a"), c.startViewNode("node-b"), c.startViewNode("node-x")
+	all := []*viewNode{a, b, x}
+	share := func(w uint32) map[string]int {
+		weights := map[string]uint32{"node-a": membership.DefaultWeight, "node-b": membership.DefaultWeight, "node-x": w}
+		for _, n := range all {
+			n.seeWeights(weights)
+		}
+		stableWeights(t, c.st, all, weights)
+		got := map[string]int{}
+		eventually(t, 20*time.Second, "every bucket managed", func() error {
+			total := 0
+			for _, n := range all {
+				got[n.id] = n.own.Status().Managed
+				total += got[n.id]
+			}
+			if total != usermap.Buckets {
+				return fmt.Errorf("%d buckets managed", total)
+			}
+			return nil
+		})
+		return got
+	}
+	full := share(membership.DefaultWeight)
+	half := share(membership.DefaultWeight / 2)
+	// Weights 100:100:50 give node-x a fifth of the buckets.
+	if want := usermap.Buckets / 5; half["node-x"] < want-2 || half["node-x"] > want+2 {
+		t.Fatalf("at half weight node-x manages %d buckets, want about %d (at full weight %d)", half["node-x"], want, full["node-x"])
+	}
+	back := share(membership.DefaultWeight)
+	if back["node-x"] < usermap.Buckets/3-2 {
+		t.Fatalf("back at full weight node-x manages %d buckets", back["node-x"])
+	}
 }
