@@ -14,17 +14,30 @@ import (
 func blobShard(id store.ID) int { return int(id[0]) % indexShards }
 
 // PutBlob writes the pending mark, then the chunks (each its own partition),
-// then the blob row that makes the blob visible. A crash leaves a pending
-// mark for the reclaimer; a failed or oversized read removes what it wrote.
+// then the blob row that makes the blob visible. A body that fits one
+// chunk is kept in the blob row itself (data, as the batch mode keeps its
+// inline bodies): two writes instead of three, and one read instead of
+// two to read it back. A crash leaves a pending mark for the reclaimer; a
+// failed or oversized read removes what it wrote.
 func (e *Engine) PutBlob(ctx context.Context, r io.Reader, maxSize int64) (store.ID, int64, error) {
 	id := store.NewID()
+	buf := make([]byte, chunkSize)
+	// The first chunk is read before anything is written: a body that
+	// fails to arrive, or is too large for one chunk's check, leaves
+	// nothing behind.
+	n, end, err := store.FillChunk(r, buf)
+	if err != nil {
+		return store.ID{}, 0, fmt.Errorf("reading body: %w", err)
+	}
+	if maxSize > 0 && int64(n) > maxSize {
+		return store.ID{}, 0, fmt.Errorf("%w: body exceeds %d bytes", store.ErrInvalid, maxSize)
+	}
 	if err := e.write(ctx, `INSERT INTO pending_blobs (shard, id, created) VALUES (?, ?, ?)`,
 		blobShard(id), id[:], time.Now()).Exec(); err != nil {
 		return store.ID{}, 0, wrap("marking blob", err)
 	}
-	var size int64
+	size := int64(n)
 	chunks := 0
-	buf := make([]byte, chunkSize)
 	fail := func(err error) (store.ID, int64, error) {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
@@ -33,16 +46,15 @@ func (e *Engine) PutBlob(ctx context.Context, r io.Reader, maxSize int64) (store
 		}
 		return store.ID{}, 0, err
 	}
-	for {
-		n, end, err := store.FillChunk(r, buf)
-		if err != nil {
-			return fail(fmt.Errorf("reading body: %w", err))
+	if end {
+		if err := e.write(ctx, `INSERT INTO blobs (id, size, chunks, data, created) VALUES (?, ?, 0, ?, ?)`,
+			id[:], size, buf[:n], time.Now()).Exec(); err != nil {
+			return fail(wrap("writing blob", err))
 		}
+		return id, size, nil
+	}
+	for {
 		if n > 0 {
-			size += int64(n)
-			if maxSize > 0 && size > maxSize {
-				return fail(fmt.Errorf("%w: body exceeds %d bytes", store.ErrInvalid, maxSize))
-			}
 			if werr := e.write(ctx, `INSERT INTO blob_chunks (id, chunk, data) VALUES (?, ?, ?)`, id[:], chunks, buf[:n]).Exec(); werr != nil {
 				chunks++
 				return fail(wrap("writing blob chunk", werr))
@@ -51,6 +63,13 @@ func (e *Engine) PutBlob(ctx context.Context, r io.Reader, maxSize int64) (store
 		}
 		if end {
 			break
+		}
+		if n, end, err = store.FillChunk(r, buf); err != nil {
+			return fail(fmt.Errorf("reading body: %w", err))
+		}
+		size += int64(n)
+		if maxSize > 0 && size > maxSize {
+			return fail(fmt.Errorf("%w: body exceeds %d bytes", store.ErrInvalid, maxSize))
 		}
 	}
 	if err := e.write(ctx, `INSERT INTO blobs (id, size, chunks, created) VALUES (?, ?, ?, ?)`,

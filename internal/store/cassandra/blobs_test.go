@@ -143,6 +143,14 @@ func TestPutBlobTruncatedBody(t *testing.T) {
 		if got := readBlob(t, e, id); got != want {
 			t.Fatalf("blob of %d bytes reads back %d bytes", size, len(got))
 		}
+		// A body of less than a chunk lives in the blob row alone.
+		err = e.read(ctx, `SELECT id FROM blob_chunks WHERE id = ? AND chunk = 0`, id[:]).Scan(&raw)
+		if inline := isDriverNotFound(err); inline != (size < chunkSize) {
+			t.Fatalf("blob of %d bytes: stored in its row alone: %v (%v)", size, inline, err)
+		}
+	}
+	if problems, err := e.Check(ctx); err != nil || len(problems) > 0 {
+		t.Fatalf("Check = %v, %v", problems, err)
 	}
 }
 

@@ -177,14 +177,19 @@ func (e *Engine) Check(ctx context.Context) ([]string, error) {
 		return nil, wrap("scanning pending blobs", err)
 	}
 	blobs := map[store.ID]bool{}
-	it = e.read(ctx, `SELECT id, size, chunks FROM blobs`).PageSize(1000).Iter()
+	it = e.read(ctx, `SELECT id, size, chunks, data FROM blobs`).PageSize(1000).Iter()
 	var bsize int64
 	var chunks int
-	for it.Scan(&braw, &bsize, &chunks) {
+	var data []byte
+	for it.Scan(&braw, &bsize, &chunks, &data) {
 		var b store.ID
 		copy(b[:], braw)
 		blobs[b] = true
-		if want := int((bsize + chunkSize - 1) / chunkSize); chunks != want {
+		if data != nil {
+			if chunks != 0 || int64(len(data)) != bsize {
+				report("blob %s: %d bytes inline, %d chunks, size %d", b, len(data), chunks, bsize)
+			}
+		} else if want := int((bsize + chunkSize - 1) / chunkSize); chunks != want {
 			report("blob %s: %d chunks for %d bytes", b, chunks, bsize)
 		}
 		if blobRefs[b] == 0 && !pending[b] {
