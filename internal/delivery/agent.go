@@ -148,7 +148,7 @@ func (a *Agent) Resolve(ctx context.Context, rcpt mail.Address, opts ResolveOpti
 			return Recipient{}, ErrMailboxFull
 		}
 	}
-	return Recipient{Address: rcpt, User: u.Address}, nil
+	return Recipient{Address: rcpt, User: u.Address, Quota: u.QuotaBytes}, nil
 }
 
 // user returns the user an address delivers to: the user of that address,
@@ -252,7 +252,7 @@ func (a *Agent) Deliver(ctx context.Context, m Message) ([]error, error) {
 	}
 	results := make([]error, len(m.Recipients))
 	if len(unique) == 1 {
-		results[unique[0]] = a.appendInbox(ctx, m.Recipients[unique[0]].User, nm)
+		results[unique[0]] = a.appendInbox(ctx, m.Recipients[unique[0]], nm)
 	} else {
 		// Concurrent appends land in the same commit group: one fsync for
 		// all recipients.
@@ -261,7 +261,7 @@ func (a *Agent) Deliver(ctx context.Context, m Message) ([]error, error) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				results[i] = a.appendInbox(ctx, m.Recipients[i].User, nm)
+				results[i] = a.appendInbox(ctx, m.Recipients[i], nm)
 			}()
 		}
 		wg.Wait()
@@ -304,13 +304,14 @@ func (a *Agent) summary(parser *mime.Parser, size int64) []byte {
 	return meta
 }
 
-func (a *Agent) appendInbox(ctx context.Context, user string, nm store.NewMessage) error {
+func (a *Agent) appendInbox(ctx context.Context, r Recipient, nm store.NewMessage) error {
+	user := r.User
 	for attempt := 0; ; attempt++ {
 		inbox, err := a.inbox(ctx, user)
 		if err != nil {
 			return err
 		}
-		_, err = a.st.Append(ctx, inbox, []store.NewMessage{nm}, store.AppendOptions{CheckQuota: true, Deferrable: true})
+		_, err = a.st.Append(ctx, inbox, []store.NewMessage{nm}, store.AppendOptions{CheckQuota: true, UserQuota: &r.Quota, Deferrable: true})
 		switch {
 		case err == nil:
 			return nil

@@ -16,6 +16,9 @@ import (
 type Recipient struct {
 	Address mail.Address // as the client gave it
 	User    string       // the canonical user address (the store's key)
+	// Quota is the user's quota (store.User.QuotaBytes) as Resolve read
+	// it; the append checks against it without reading the user again.
+	Quota int64
 }
 
 // ResolveOptions qualify a Resolve.

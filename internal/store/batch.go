@@ -62,6 +62,9 @@ type AddedMessage struct {
 	Mailbox ID
 	Message Message
 	Body    []byte
+	// FreshBlob is the NewMessage's: Message.Blob needs no check that it
+	// is not being released.
+	FreshBlob bool
 }
 
 // FlagWrite replaces the flags of message UID, which is at PrevModSeq, and

@@ -186,6 +186,11 @@ type NewMessage struct {
 	Flags        []string
 	InternalDate time.Time
 	Meta         []byte
+	// FreshBlob: Blob was stored by PutBlob for this message alone, just
+	// before the Append, and nothing else holds it, so nothing can be
+	// releasing it: an engine may skip its check for that (the Cassandra
+	// batch mode's, blobs.go).
+	FreshBlob bool
 }
 
 // Check reports, as ErrInvalid, a NewMessage that Append must refuse.
@@ -208,6 +213,10 @@ type AppendOptions struct {
 	// CheckQuota makes Append fail with ErrOverQuota when the new messages
 	// would take the user's usage over its quota.
 	CheckQuota bool
+	// UserQuota, if not nil, is the user's quota (User.QuotaBytes) as the
+	// caller has just read it: CheckQuota uses it instead of reading the
+	// user again.
+	UserQuota *int64
 	// Deferrable: the caller (a delivery, after its recipients' checks)
 	// accepts that, when the user's manager cannot be reached in time, the
 	// messages be recorded as pending deliveries, to be applied by the

@@ -372,25 +372,33 @@ func (m *Manager) publish(mailboxes ...store.ID) {
 }
 
 // quotaRoom checks that u may store total more octets (ErrOverQuota
-// otherwise), loading u's usage when it is not known.
-func (m *Manager) quotaRoom(ctx context.Context, u *user, total int64) error {
-	usr, err := m.Engine.GetUser(ctx, u.name)
-	if err != nil {
-		return err
+// otherwise), loading u's usage when it is not known; known, if not nil,
+// is the user's quota as the caller read it.
+func (m *Manager) quotaRoom(ctx context.Context, u *user, total int64, known *int64) error {
+	var quota int64
+	if known != nil {
+		quota = *known
+	} else {
+		usr, err := m.Engine.GetUser(ctx, u.name)
+		if err != nil {
+			return err
+		}
+		quota = usr.QuotaBytes
 	}
-	if usr.QuotaBytes <= 0 {
+	if quota <= 0 {
 		return nil
 	}
 	if !u.usageOK {
 		if err := m.drain(ctx, u); err != nil {
 			return err
 		}
-		if u.usage, err = m.Engine.Usage(ctx, u.name); err != nil {
+		usage, err := m.Engine.Usage(ctx, u.name)
+		if err != nil {
 			return err
 		}
-		u.usageOK = true
+		u.usage, u.usageOK = usage, true
 	}
-	if u.usage.Bytes+total > usr.QuotaBytes {
+	if u.usage.Bytes+total > quota {
 		return fmt.Errorf("%w: %s", store.ErrOverQuota, u.name)
 	}
 	return nil
@@ -442,7 +450,7 @@ func (m *Manager) append(ctx context.Context, mailbox store.ID, msgs []store.New
 		if nm.Body != nil {
 			msg.Blob = store.NewID()
 		}
-		b.Added[i] = store.AddedMessage{Mailbox: mailbox, Message: msg, Body: nm.Body}
+		b.Added[i] = store.AddedMessage{Mailbox: mailbox, Message: msg, Body: nm.Body, FreshBlob: nm.FreshBlob && nm.Body == nil}
 		total += nm.Size
 	}
 	name, err := m.userOf(ctx, mailbox)
@@ -455,7 +463,7 @@ func (m *Manager) append(ctx context.Context, mailbox store.ID, msgs []store.New
 		err = fmt.Errorf("%w: UID space of mailbox %s exhausted", store.ErrConflict, mailbox)
 	}
 	if err == nil && opts.CheckQuota {
-		err = m.quotaRoom(ctx, u, total)
+		err = m.quotaRoom(ctx, u, total, opts.UserQuota)
 	}
 	if err == nil && before != nil {
 		var skip bool

@@ -181,6 +181,45 @@ func TestQuotaAcrossConcurrentAppends(t *testing.T) {
 	checkStore(t, e)
 }
 
+// userReads counts the GetUser calls of a real engine.
+type userReads struct {
+	*embedded.Engine
+	n atomic.Int32
+}
+
+func (u *userReads) GetUser(ctx context.Context, address string) (store.User, error) {
+	u.n.Add(1)
+	return u.Engine.GetUser(ctx, address)
+}
+
+// TestQuotaGivenByTheCaller: an append whose caller passes the quota it
+// read (a delivery's recipient check did) is checked against that quota
+// without reading the user again; without it, the stored quota applies.
+func TestQuotaGivenByTheCaller(t *testing.T) {
+	e := &userReads{Engine: openEngine(t)}
+	m := New(e, Options{})
+	defer m.Close()
+	mb := inbox(t, m, "q@x", 1000)
+	small := int64(150)
+	opts := store.AppendOptions{CheckQuota: true, UserQuota: &small}
+	before := e.n.Load()
+	if _, err := m.Append(ctx(), mb.ID, []store.NewMessage{body(strings.Repeat("x", 100))}, opts); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Append(ctx(), mb.ID, []store.NewMessage{body(strings.Repeat("x", 100))}, opts); !errors.Is(err, store.ErrOverQuota) {
+		t.Fatalf("append over the given quota: %v; want store.ErrOverQuota", err)
+	}
+	if n := e.n.Load() - before; n != 0 {
+		t.Fatalf("the user was read %d times with its quota given", n)
+	}
+	if _, err := m.Append(ctx(), mb.ID, []store.NewMessage{body(strings.Repeat("x", 100))}, store.AppendOptions{CheckQuota: true}); err != nil {
+		t.Fatalf("append within the stored quota: %v", err)
+	}
+	if e.n.Load() == before {
+		t.Fatal("the stored quota was not read")
+	}
+}
+
 // Many writers on one mailbox, appends, flag changes and expunges mixed,
 // while a reader follows the change log: every MODSEQ it sees is above the
 // last it saw, every UID it sees added is above every UID seen added

@@ -308,8 +308,11 @@ type NewMessage struct {
 	Size  int64                  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
 	Flags []string               `protobuf:"bytes,3,rep,name=flags,proto3" json:"flags,omitempty"`
 	// Nanoseconds since the Unix epoch, UTC.
-	InternalDate  int64  `protobuf:"varint,4,opt,name=internal_date,json=internalDate,proto3" json:"internal_date,omitempty"`
-	Meta          []byte `protobuf:"bytes,5,opt,name=meta,proto3" json:"meta,omitempty"`
+	InternalDate int64  `protobuf:"varint,4,opt,name=internal_date,json=internalDate,proto3" json:"internal_date,omitempty"`
+	Meta         []byte `protobuf:"bytes,5,opt,name=meta,proto3" json:"meta,omitempty"`
+	// The sender stored the blob for this message alone, just before the
+	// call (store.NewMessage.FreshBlob).
+	FreshBlob     bool `protobuf:"varint,6,opt,name=fresh_blob,json=freshBlob,proto3" json:"fresh_blob,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -377,6 +380,13 @@ func (x *NewMessage) GetMeta() []byte {
 		return x.Meta
 	}
 	return nil
+}
+
+func (x *NewMessage) GetFreshBlob() bool {
+	if x != nil {
+		return x.FreshBlob
+	}
+	return false
 }
 
 // Message is a stored message (store.Message) without its Meta, which
@@ -469,10 +479,13 @@ type AppendRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The user whose mailbox it is: the receiver checks that it manages the
 	// user and that the mailbox is the user's.
-	User          string        `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
-	Mailbox       []byte        `protobuf:"bytes,2,opt,name=mailbox,proto3" json:"mailbox,omitempty"`
-	Messages      []*NewMessage `protobuf:"bytes,3,rep,name=messages,proto3" json:"messages,omitempty"`
-	CheckQuota    bool          `protobuf:"varint,4,opt,name=check_quota,json=checkQuota,proto3" json:"check_quota,omitempty"`
+	User       string        `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	Mailbox    []byte        `protobuf:"bytes,2,opt,name=mailbox,proto3" json:"mailbox,omitempty"`
+	Messages   []*NewMessage `protobuf:"bytes,3,rep,name=messages,proto3" json:"messages,omitempty"`
+	CheckQuota bool          `protobuf:"varint,4,opt,name=check_quota,json=checkQuota,proto3" json:"check_quota,omitempty"`
+	// The user's quota as the sender read it (store.AppendOptions.UserQuota);
+	// unset, the receiver reads it.
+	UserQuota     *int64 `protobuf:"varint,5,opt,name=user_quota,json=userQuota,proto3,oneof" json:"user_quota,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -533,6 +546,13 @@ func (x *AppendRequest) GetCheckQuota() bool {
 		return x.CheckQuota
 	}
 	return false
+}
+
+func (x *AppendRequest) GetUserQuota() int64 {
+	if x != nil && x.UserQuota != nil {
+		return *x.UserQuota
+	}
+	return 0
 }
 
 type AppendReply struct {
@@ -1186,27 +1206,32 @@ const file_cluster_proto_rawDesc = "" +
 	"\n" +
 	"DrainReply\x12\x14\n" +
 	"\x05state\x18\x01 \x01(\tR\x05state\x12*\n" +
-	"\x04load\x18\x02 \x01(\v2\x16.quill.cluster.v1.LoadR\x04load\"\x83\x01\n" +
+	"\x04load\x18\x02 \x01(\v2\x16.quill.cluster.v1.LoadR\x04load\"\xa2\x01\n" +
 	"\n" +
 	"NewMessage\x12\x12\n" +
 	"\x04blob\x18\x01 \x01(\fR\x04blob\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x14\n" +
 	"\x05flags\x18\x03 \x03(\tR\x05flags\x12#\n" +
 	"\rinternal_date\x18\x04 \x01(\x03R\finternalDate\x12\x12\n" +
-	"\x04meta\x18\x05 \x01(\fR\x04meta\"\x96\x01\n" +
+	"\x04meta\x18\x05 \x01(\fR\x04meta\x12\x1d\n" +
+	"\n" +
+	"fresh_blob\x18\x06 \x01(\bR\tfreshBlob\"\x96\x01\n" +
 	"\aMessage\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x16\n" +
 	"\x06modseq\x18\x02 \x01(\x04R\x06modseq\x12\x14\n" +
 	"\x05flags\x18\x03 \x03(\tR\x05flags\x12#\n" +
 	"\rinternal_date\x18\x04 \x01(\x03R\finternalDate\x12\x12\n" +
 	"\x04size\x18\x05 \x01(\x03R\x04size\x12\x12\n" +
-	"\x04blob\x18\x06 \x01(\fR\x04blob\"\x98\x01\n" +
+	"\x04blob\x18\x06 \x01(\fR\x04blob\"\xcb\x01\n" +
 	"\rAppendRequest\x12\x12\n" +
 	"\x04user\x18\x01 \x01(\tR\x04user\x12\x18\n" +
 	"\amailbox\x18\x02 \x01(\fR\amailbox\x128\n" +
 	"\bmessages\x18\x03 \x03(\v2\x1c.quill.cluster.v1.NewMessageR\bmessages\x12\x1f\n" +
 	"\vcheck_quota\x18\x04 \x01(\bR\n" +
-	"checkQuota\"p\n" +
+	"checkQuota\x12\"\n" +
+	"\n" +
+	"user_quota\x18\x05 \x01(\x03H\x00R\tuserQuota\x88\x01\x01B\r\n" +
+	"\v_user_quota\"p\n" +
 	"\vAppendReply\x125\n" +
 	"\bmessages\x18\x01 \x03(\v2\x19.quill.cluster.v1.MessageR\bmessages\x12*\n" +
 	"\x04load\x18\x02 \x01(\v2\x16.quill.cluster.v1.LoadR\x04load\"\xa2\x01\n" +
@@ -1332,6 +1357,7 @@ func file_cluster_proto_init() {
 	if File_cluster_proto != nil {
 		return
 	}
+	file_cluster_proto_msgTypes[7].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -372,22 +372,22 @@ func (s *Store) deferAppend(ctx context.Context, user string, mailbox store.ID, 
 
 // appendRequest builds the forwarded append, storing inline bodies first.
 func (s *Store) appendRequest(ctx context.Context, user string, mailbox store.ID, msgs []store.NewMessage, opts store.AppendOptions) (*clusterpb.AppendRequest, error) {
-	req := &clusterpb.AppendRequest{User: user, Mailbox: mailbox[:], CheckQuota: opts.CheckQuota,
+	req := &clusterpb.AppendRequest{User: user, Mailbox: mailbox[:], CheckQuota: opts.CheckQuota, UserQuota: opts.UserQuota,
 		Messages: make([]*clusterpb.NewMessage, len(msgs))}
 	for i, nm := range msgs {
 		if err := nm.Check(); err != nil {
 			return nil, err
 		}
-		blob := nm.Blob
+		blob, fresh := nm.Blob, nm.FreshBlob
 		if nm.Body != nil {
 			id, _, err := s.Local.PutBlob(ctx, bytesReader(nm.Body), int64(len(nm.Body)))
 			if err != nil {
 				return nil, fmt.Errorf("forward: storing a body: %w", err)
 			}
-			blob = id
+			blob, fresh = id, true
 		}
 		req.Messages[i] = &clusterpb.NewMessage{Blob: blob[:], Size: nm.Size, Flags: nm.Flags,
-			InternalDate: nm.InternalDate.UnixNano(), Meta: nm.Meta}
+			InternalDate: nm.InternalDate.UnixNano(), Meta: nm.Meta, FreshBlob: fresh}
 	}
 	return req, nil
 }

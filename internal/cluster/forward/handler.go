@@ -91,11 +91,12 @@ func (h *Handler) Append(ctx context.Context, req *clusterpb.AppendRequest) (*cl
 		if err != nil {
 			return nil, err
 		}
-		msgs[i] = store.NewMessage{Blob: blob, Size: m.Size, Flags: m.Flags, InternalDate: time.Unix(0, m.InternalDate).UTC(), Meta: m.Meta}
+		msgs[i] = store.NewMessage{Blob: blob, Size: m.Size, Flags: m.Flags, InternalDate: time.Unix(0, m.InternalDate).UTC(), Meta: m.Meta,
+			FreshBlob: m.FreshBlob}
 	}
 	var out []store.Message
 	err = h.apply("append", req.User, func() (err error) {
-		out, err = h.local.Append(ctx, mb, msgs, store.AppendOptions{CheckQuota: req.CheckQuota})
+		out, err = h.local.Append(ctx, mb, msgs, store.AppendOptions{CheckQuota: req.CheckQuota, UserQuota: req.UserQuota})
 		return err
 	})
 	if err != nil {

@@ -724,8 +724,9 @@ func (b *Batches) plan(j *bjob, bt *store.Batch, muts []bmut, idx map[store.ID]i
 			checked[blob] = true
 			// A blob this batch also expunges a reference of keeps that
 			// reference until after the batch (its release is collected
-			// later): it needs no check.
-			if !expunging[blob] {
+			// later), and one stored for this message alone has no other
+			// holder whose release could doom it: neither needs a check.
+			if !expunging[blob] && !a.FreshBlob {
 				j.blobs = append(j.blobs, blob)
 			}
 			j.gc = append(j.gc, gcItem{kind: gcUnmark, mailbox: mb, blob: blob})
