@@ -382,40 +382,39 @@ func (m *Membership) pruneLocked(now time.Time) {
 // cluster; it returns once the change is sent to the other nodes, or
 // ctx ends (the change then still spreads by gossip).
 func (m *Membership) SetDraining(ctx context.Context, draining bool) error {
-	m.mu.Lock()
-	if m.mu.meta.Draining == draining {
-		m.mu.Unlock()
-		return nil
-	}
-	m.mu.meta.Draining = draining
-	m.mu.Unlock()
-	timeout := 5 * time.Second
-	if d, ok := ctx.Deadline(); ok {
-		timeout = time.Until(d)
-	}
-	if err := m.ml.UpdateNode(timeout); err != nil {
-		return fmt.Errorf("membership: announcing draining=%v: %w", draining, err)
-	}
-	return nil
+	return m.updateMeta(ctx, fmt.Sprintf("draining=%v", draining), func(mt *Meta) bool {
+		changed := mt.Draining != draining
+		mt.Draining = draining
+		return changed
+	})
 }
 
 // SetWeight sets this node's Meta.Weight and tells the cluster, as
 // SetDraining does: the next map epoch gives the node a share of buckets
 // in proportion.
 func (m *Membership) SetWeight(ctx context.Context, w uint32) error {
+	return m.updateMeta(ctx, fmt.Sprintf("weight %d", w), func(mt *Meta) bool {
+		changed := mt.Weight != w
+		mt.Weight = w
+		return changed
+	})
+}
+
+// updateMeta applies change to this node's metadata and, if it changed
+// anything, sends the new metadata to the other nodes (within ctx).
+func (m *Membership) updateMeta(ctx context.Context, what string, change func(*Meta) bool) error {
 	m.mu.Lock()
-	if m.mu.meta.Weight == w {
-		m.mu.Unlock()
+	changed := change(&m.mu.meta)
+	m.mu.Unlock()
+	if !changed {
 		return nil
 	}
-	m.mu.meta.Weight = w
-	m.mu.Unlock()
 	timeout := 5 * time.Second
 	if d, ok := ctx.Deadline(); ok {
 		timeout = time.Until(d)
 	}
 	if err := m.ml.UpdateNode(timeout); err != nil {
-		return fmt.Errorf("membership: announcing weight %d: %w", w, err)
+		return fmt.Errorf("membership: announcing %s: %w", what, err)
 	}
 	return nil
 }
