@@ -35,6 +35,11 @@ type Ownership interface {
 	// dense; the store does not check it. A call that fails otherwise (a
 	// timeout) may or may not have stored m: ClusterMapAt tells.
 	ProposeClusterMap(ctx context.Context, m ClusterMap) error
+	// PruneClusterMaps deletes the maps of the epochs below below. The
+	// caller keeps every epoch a lease row still names (ownership's
+	// handoff reads them) and proposes only above the newest: a pruned
+	// epoch is never proposed again.
+	PruneClusterMaps(ctx context.Context, below uint64) error
 	// PutNodeLease writes l as its node's lease row, replacing the one
 	// before.
 	PutNodeLease(ctx context.Context, l NodeLease) error

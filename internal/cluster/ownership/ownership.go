@@ -132,6 +132,10 @@ type Owner struct {
 	peers        map[string]*peer        // other nodes' lease rows as observed
 	diffSince    time.Time               // when the live set first differed from latest
 	closed       bool
+	// pruned is the adopted epoch at the last pruning of old maps
+	// (pruneOld); pruneEvery and pruneKeep its period and margin.
+	pruned                uint64
+	pruneEvery, pruneKeep uint64
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -162,6 +166,7 @@ func Start(opts Options) (*Owner, error) {
 	}
 	o := &Owner{id: opts.ID, st: opts.Store, term: opts.Term, margin: opts.Term / 6, log: opts.Logger,
 		lapsed: true, maps: map[uint64]*usermap.Map{}, peers: map[string]*peer{}, stop: make(chan struct{}),
+		pruneEvery: 100, pruneKeep: 100,
 		// The renewal counter starts at the wall clock, so that a
 		// restarted node's first row differs from its last one.
 		renewal: uint64(time.Now().UnixNano())}
@@ -384,8 +389,47 @@ func (o *Owner) step(view membership.View) {
 	}
 	if lerr == nil {
 		o.handoff(ctx, readStart)
+		o.pruneOld(ctx)
 	}
 	o.propose(ctx, view)
+}
+
+// pruneOld deletes, every pruneEvery adopted epochs, the maps of the
+// epochs more than pruneKeep below the lowest epoch any lease row names
+// (this node's included): the handoff reads the maps of the epochs rows
+// name, and proposals go above the newest, so nothing reads a pruned map
+// again. Every node does it; the deletions are idempotent.
+func (o *Owner) pruneOld(ctx context.Context) {
+	o.mu.Lock()
+	if o.adopted < o.pruned+o.pruneEvery {
+		o.mu.Unlock()
+		return
+	}
+	floor := o.adopted
+	for _, p := range o.peers {
+		if a := p.lease.Adopted; a > 0 {
+			floor = min(floor, a)
+		}
+	}
+	adopted := o.adopted
+	o.mu.Unlock()
+	if floor <= o.pruneKeep+1 {
+		return
+	}
+	below := floor - o.pruneKeep
+	if err := o.st.PruneClusterMaps(ctx, below); err != nil {
+		o.log.Warn("cluster: pruning old cluster maps", "below", below, "err", err)
+		return
+	}
+	o.mu.Lock()
+	o.pruned = adopted
+	for e := range o.maps {
+		if e < below {
+			delete(o.maps, e)
+		}
+	}
+	o.mu.Unlock()
+	o.log.Info("cluster: old cluster maps pruned", "below", below)
 }
 
 // install records cm as the newest map when it is.

@@ -787,3 +787,40 @@ func TestWeightMovesBuckets(t *testing.T) {
 		t.Fatalf("back at full weight node-x manages %d buckets", back["node-x"])
 	}
 }
+
+// TestOldMapsPruned: once the nodes have adopted pruneEvery more epochs,
+// the maps more than pruneKeep below the lowest epoch a lease row names
+// are deleted, and the nodes go on settling on new epochs.
+func TestOldMapsPruned(t *testing.T) {
+	c := newTestCluster(t)
+	a, b := c.startViewNode("node-a"), c.startViewNode("node-b")
+	all := []*viewNode{a, b}
+	for _, n := range all {
+		n.own.mu.Lock()
+		n.own.pruneEvery, n.own.pruneKeep = 2, 1
+		n.own.mu.Unlock()
+	}
+	weights := []uint32{membership.DefaultWeight, membership.DefaultWeight / 2}
+	for i := range 6 {
+		w := map[string]uint32{"node-a": membership.DefaultWeight, "node-b": weights[i%2]}
+		for _, n := range all {
+			n.seeWeights(w)
+		}
+		stableWeights(t, c.st, all, w)
+	}
+	latest, err := c.st.LatestClusterMap(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "early maps pruned", func() error {
+		for e := uint64(1); e < latest.Epoch-2; e++ {
+			if _, err := c.st.ClusterMapAt(context.Background(), e); !errors.Is(err, store.ErrNotFound) {
+				return fmt.Errorf("epoch %d of %d: %v", e, latest.Epoch, err)
+			}
+		}
+		return nil
+	})
+	if _, err := c.st.ClusterMapAt(context.Background(), latest.Epoch-1); err != nil {
+		t.Fatalf("the epoch below the newest, within the margin: %v", err)
+	}
+}

@@ -39,6 +39,10 @@ func (b *Batches) ProposeClusterMap(ctx context.Context, m store.ClusterMap) err
 	return b.e.ProposeClusterMap(ctx, m)
 }
 
+func (b *Batches) PruneClusterMaps(ctx context.Context, below uint64) error {
+	return b.e.PruneClusterMaps(ctx, below)
+}
+
 func (b *Batches) PutNodeLease(ctx context.Context, l store.NodeLease) error {
 	return b.e.PutNodeLease(ctx, l)
 }

@@ -50,6 +50,12 @@ func (e *Engine) ClusterMapAt(ctx context.Context, epoch uint64) (store.ClusterM
 	return decodeMembers(int64(epoch), members)
 }
 
+// PruneClusterMaps implements store.Ownership with one range deletion in
+// the maps' partition.
+func (e *Engine) PruneClusterMaps(ctx context.Context, below uint64) error {
+	return wrap("pruning cluster maps", e.write(ctx, `DELETE FROM cluster_maps WHERE k = 0 AND epoch < ?`, int64(below)).Exec())
+}
+
 // ProposeClusterMap implements store.Ownership with one LWT, INSERT ... IF
 // NOT EXISTS on the epoch's row. When its outcome is unknown, a serial read
 // says whether the row holds this map.

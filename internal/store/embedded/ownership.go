@@ -71,6 +71,19 @@ func (e *Engine) ProposeClusterMap(ctx context.Context, m store.ClusterMap) erro
 	return nil
 }
 
+// PruneClusterMaps implements store.Ownership.
+func (e *Engine) PruneClusterMaps(ctx context.Context, below uint64) error {
+	o := &e.owner
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for epoch := range o.maps {
+		if epoch < below {
+			delete(o.maps, epoch)
+		}
+	}
+	return nil
+}
+
 // PutNodeLease implements store.Ownership.
 func (e *Engine) PutNodeLease(ctx context.Context, l store.NodeLease) error {
 	if err := store.CheckNodeID(l.Node); err != nil {

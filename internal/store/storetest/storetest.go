@@ -1113,6 +1113,21 @@ func testOwnership(t *testing.T, s store.Store) {
 		t.Fatalf("LatestClusterMap after the race = %+v, %v; want epoch 3 of %s", got, err, want)
 	}
 
+	// Pruning forgets the epochs below the bound and nothing else.
+	if err := own.PruneClusterMaps(ctx(), 3); err != nil {
+		t.Fatalf("PruneClusterMaps(3): %v", err)
+	}
+	for _, e := range []uint64{1, 2} {
+		_, err = own.ClusterMapAt(ctx(), e)
+		wantErr(t, fmt.Sprintf("ClusterMapAt(%d) after pruning below 3", e), err, store.ErrNotFound)
+	}
+	if got, err := own.LatestClusterMap(ctx()); err != nil || got.Epoch != 3 {
+		t.Fatalf("LatestClusterMap after pruning = %+v, %v", got, err)
+	}
+	if got, err := own.ClusterMapAt(ctx(), 3); err != nil || got.Epoch != 3 {
+		t.Fatalf("ClusterMapAt(3) after pruning = %+v, %v", got, err)
+	}
+
 	// Leases: each node's last write.
 	if ls, err := own.NodeLeases(ctx()); err != nil || len(ls) != 0 {
 		t.Fatalf("NodeLeases of no node = %v, %v", ls, err)
