@@ -66,6 +66,8 @@ type Applier struct {
 	ctx  context.Context // ends at Close
 	stop context.CancelFunc
 	wg   sync.WaitGroup
+	// warned is when each failing bucket was last logged (the loop's own).
+	warned map[uint32]time.Time
 }
 
 // Start starts the applier's loop.
@@ -82,7 +84,7 @@ func Start(opts Options) (*Applier, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	a := &Applier{opts: opts, log: opts.Logger,
+	a := &Applier{opts: opts, log: opts.Logger, warned: map[uint32]time.Time{},
 		applied: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quill_cluster_pending_deliveries_total",
 			Help: "Pending deliveries this node's applier finished, by result (applied; already: an earlier attempt had applied it; dropped: its mailbox is gone).",
@@ -145,9 +147,23 @@ func (a *Applier) round(ctx context.Context) {
 			continue
 		}
 		if err := a.drain(ctx, b); err != nil && ctx.Err() == nil {
-			a.log.Warn("cluster: applying pending deliveries; trying again", "bucket", b, "err", err)
+			a.warn(b, err)
 		}
 	}
+}
+
+// warnEvery bounds how often a bucket whose records keep failing is
+// logged: every round retries it.
+const warnEvery = 30 * time.Second
+
+// warn logs a bucket's failure, at most once per warnEvery per bucket.
+func (a *Applier) warn(bucket uint32, err error) {
+	now := time.Now()
+	if last, ok := a.warned[bucket]; ok && now.Sub(last) < warnEvery {
+		return
+	}
+	a.warned[bucket] = now
+	a.log.Warn("cluster: applying pending deliveries; trying again every round", "bucket", bucket, "err", err)
 }
 
 // drain applies bucket's records in order until none is left, this node
