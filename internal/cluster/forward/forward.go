@@ -178,7 +178,11 @@ func (s *Store) userOf(ctx context.Context, mailbox store.ID) (string, error) {
 // remote against the manager's client, retrying refusals until the bound.
 func (s *Store) route(ctx context.Context, op, user string, bound time.Duration, local func(context.Context) error,
 	remote remoteCall) error {
-	deadline := time.Now().Add(bound)
+	// bound limits the retries of refused attempts; a call that went out
+	// has the whole timeout, as any other forwarded write: cutting it
+	// short would leave its outcome unknown.
+	start := time.Now()
+	deadline, callDeadline := start.Add(bound), start.Add(s.timeout)
 	wait := 5 * time.Millisecond
 	var last error
 	for {
@@ -201,7 +205,7 @@ func (s *Store) route(ctx context.Context, op, user string, bound time.Duration,
 		}
 		var nm *ownership.NotManagerError
 		if errors.As(err, &nm) {
-			err = s.remote(ctx, op, nm.Manager, deadline, remote)
+			err = s.remote(ctx, op, nm.Manager, callDeadline, remote)
 			if err == nil || !errors.Is(err, errRefused) {
 				return err
 			}
