@@ -75,6 +75,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	perConn := fs.Int("messages-per-conn", 0, "messages per SMTP connection before QUIT and a new one (1: one per connection, as Porcupine and postal; 0: persistent)")
 	duration := fs.Duration("duration", 0, "stop starting transactions after this long")
 	count := fs.Int64("count", 0, "stop after this many messages")
+	rate := fs.Float64("rate", 0, "open loop: messages offered per second, --concurrency bounding those in flight (0: closed loop)")
 	size := fs.Int("size", 4700, "message size in octets")
 	seed := fs.Uint64("seed", 0, "message seed (0: derived from the clock, printed)")
 	from := fs.String("from", "loadgen@quill-load.invalid", "envelope sender and From address")
@@ -88,8 +89,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case *addr == "" || *domain == "":
 		fmt.Fprintln(stderr, "quill-load smtp: --addr and --rcpt-domain are required")
 		return 2
-	case *users <= 0 || *concurrency <= 0 || *size <= 0 || *count < 0 || *duration < 0 || *perConn < 0:
-		fmt.Fprintln(stderr, "quill-load smtp: --users, --concurrency and --size must be positive, --messages-per-conn not negative")
+	case *users <= 0 || *concurrency <= 0 || *size <= 0 || *count < 0 || *duration < 0 || *perConn < 0 || *rate < 0:
+		fmt.Fprintln(stderr, "quill-load smtp: --users, --concurrency and --size must be positive, --messages-per-conn and --rate not negative")
 		return 2
 	case *count == 0 && *duration == 0:
 		fmt.Fprintln(stderr, "quill-load smtp: give --count or --duration (or both)")
@@ -118,6 +119,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		MessagesPerConn: *perConn,
 		Count:           *count,
 		Duration:        *duration,
+		Rate:            *rate,
 		Timeout:         *timeout,
 		Logger:          logger,
 	}

@@ -34,6 +34,11 @@ type Config struct {
 	// flight complete. 0 means no limit. Cancelling the context passed to
 	// Run stops at once, failing transactions in flight.
 	Duration time.Duration
+	// Rate > 0 is open loop: message i is due at the start plus i/Rate,
+	// its latency counts from then (a server that falls behind is charged
+	// for the wait), and Concurrency bounds the messages in flight. 0 is
+	// closed loop: each connection sends its next message at once.
+	Rate float64
 	// Timeout bounds every wait for a reply (and every write); default 60s.
 	Timeout time.Duration
 	// Helo is the EHLO name; default "quill-load.invalid".
@@ -108,6 +113,9 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	if cfg.Concurrency <= 0 {
 		return Summary{}, fmt.Errorf("loadgen: concurrency %d", cfg.Concurrency)
 	}
+	if cfg.Rate < 0 {
+		return Summary{}, fmt.Errorf("loadgen: rate %v", cfg.Rate)
+	}
 	if cfg.MessagesPerConn < 0 {
 		return Summary{}, fmt.Errorf("loadgen: messages per connection %d", cfg.MessagesPerConn)
 	}
@@ -133,15 +141,24 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 		stopAt = start.Add(cfg.Duration)
 	}
 	var next atomic.Uint64
-	claim := func() (uint64, bool) {
-		if ctx.Err() != nil || (!stopAt.IsZero() && !time.Now().Before(stopAt)) {
-			return 0, false
+	// claim hands out the next message and the moment it is due.
+	claim := func() (uint64, time.Time, bool) {
+		now := time.Now()
+		if ctx.Err() != nil || (!stopAt.IsZero() && !now.Before(stopAt)) {
+			return 0, time.Time{}, false
 		}
 		seq := next.Add(1) - 1
 		if cfg.Count > 0 && seq >= uint64(cfg.Count) {
-			return 0, false
+			return 0, time.Time{}, false
 		}
-		return seq, true
+		if cfg.Rate == 0 {
+			return seq, now, true
+		}
+		due := start.Add(time.Duration(float64(seq) / cfg.Rate * float64(time.Second)))
+		if !stopAt.IsZero() && !due.Before(stopAt) {
+			return 0, time.Time{}, false
+		}
+		return seq, due, true
 	}
 
 	stats := make([]*workerStats, cfg.Concurrency)
@@ -168,7 +185,7 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 
 // runWorker drives one connection until claim says stop or ctx ends, and
 // reports whether it gave up because it could not connect.
-func runWorker(ctx context.Context, cfg *Config, gen *Generator, claim func() (uint64, bool), st *workerStats) bool {
+func runWorker(ctx context.Context, cfg *Config, gen *Generator, claim func() (uint64, time.Time, bool), st *workerStats) bool {
 	var c *smtpClient
 	defer func() {
 		if c != nil {
@@ -177,11 +194,10 @@ func runWorker(ctx context.Context, cfg *Config, gen *Generator, claim func() (u
 	}()
 	dialFailures := 0
 	for {
-		seq, ok := claim()
-		if !ok {
+		seq, t0, ok := claim()
+		if !ok || !waitUntil(ctx, t0) {
 			return false
 		}
-		t0 := time.Now()
 		for c == nil {
 			var err error
 			c, err = dialSMTP(ctx, cfg.Dialer, cfg.Addr, cfg.Helo, cfg.Timeout)
@@ -223,6 +239,22 @@ func runWorker(ctx context.Context, cfg *Config, gen *Generator, claim func() (u
 			c.quit()
 			c = nil
 		}
+	}
+}
+
+// waitUntil waits until t or until ctx ends; it reports whether t came.
+func waitUntil(ctx context.Context, t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 

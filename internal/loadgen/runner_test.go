@@ -346,3 +346,18 @@ func TestRunMessagesPerConn(t *testing.T) {
 		})
 	}
 }
+
+// TestRunOpenLoop: with a rate, message i is not sent before start + i/Rate,
+// so 30 messages at 100/s take at least 290 ms, however fast the server.
+func TestRunOpenLoop(t *testing.T) {
+	s := newFakeServer(t)
+	s.start()
+	users := UserNames("example.test", 5)
+	sum, records := runAgainst(t, s, Config{Spec: testSpec(500, users), Concurrency: 4, Count: 30, Rate: 100})
+	if sum.Acked != 30 || len(records) != 30 {
+		t.Fatalf("summary %+v", sum)
+	}
+	if sum.Elapsed < 290*time.Millisecond {
+		t.Fatalf("30 messages at 100/s took %v", sum.Elapsed)
+	}
+}
