@@ -122,7 +122,7 @@ func Start(ctx context.Context, opts Options) (n *Node, err error) {
 		local = discard{}
 	}
 	n.fan = events.New(events.Options{
-		Local: local, Dial: func(peer, addr string) (*grpc.ClientConn, error) { return n.tr.Client(peer, addr) },
+		Node: id, Local: local, Dial: func(peer, addr string) (*grpc.ClientConn, error) { return n.tr.Client(peer, addr) },
 		Logger: opts.Logger, Registerer: opts.Registerer,
 	})
 	n.tr, err = transport.Listen(transport.Options{

@@ -22,6 +22,9 @@ import (
 type Hub struct {
 	mu   sync.Mutex
 	subs map[store.ID]map[chan struct{}]struct{}
+	// watcher, if set, hears each mailbox gain its first subscriber and
+	// lose its last (under mu, so in that order).
+	watcher Watcher
 	// recent is, per mailbox, the highest UID some session of this process
 	// has claimed as \Recent (RFC 3501 section 2.3.2): each message is
 	// \Recent in exactly one session. It is process memory (one entry per
@@ -36,6 +39,27 @@ func NewHub() *Hub {
 	return &Hub{subs: map[store.ID]map[chan struct{}]struct{}{}, recent: map[store.ID]uint32{}}
 }
 
+// Watcher hears which mailboxes have sessions in this process: the
+// cluster's fan-out of change events (internal/cluster/events), which
+// sends a node's events only to the nodes that watch them. Its methods
+// must not block.
+type Watcher interface {
+	Watch(mailbox store.ID)
+	Unwatch(mailbox store.ID)
+}
+
+// Observe makes w hear every mailbox that has a subscriber now (Watch), and
+// from then on each one that gains its first (Watch) or loses its last
+// (Unwatch).
+func (h *Hub) Observe(w Watcher) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.watcher = w
+	for id := range h.subs {
+		w.Watch(id)
+	}
+}
+
 // Subscribe returns a channel that receives a value after each change to
 // mailbox, and a cancel function that must be called when done.
 func (h *Hub) Subscribe(mailbox store.ID) (<-chan struct{}, func()) {
@@ -45,6 +69,9 @@ func (h *Hub) Subscribe(mailbox store.ID) (<-chan struct{}, func()) {
 	if m == nil {
 		m = map[chan struct{}]struct{}{}
 		h.subs[mailbox] = m
+		if h.watcher != nil {
+			h.watcher.Watch(mailbox)
+		}
 	}
 	m[ch] = struct{}{}
 	h.mu.Unlock()
@@ -56,6 +83,9 @@ func (h *Hub) Subscribe(mailbox store.ID) (<-chan struct{}, func()) {
 			delete(h.subs[mailbox], ch)
 			if len(h.subs[mailbox]) == 0 {
 				delete(h.subs, mailbox)
+				if h.watcher != nil {
+					h.watcher.Unwatch(mailbox)
+				}
 			}
 		})
 	}

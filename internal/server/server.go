@@ -145,7 +145,9 @@ func (s *Server) Start() (err error) {
 	// The change hub wakes IMAP sessions (IDLE) when a mailbox changes; the
 	// user manager, this node's one writer of every user's mailboxes,
 	// announces each durable write there, and with the cluster on also to
-	// the other nodes, whose events reach the hub too.
+	// the other nodes whose sessions watch the mailbox (the hub tells the
+	// fan-out which mailboxes this node's sessions watch); their events
+	// reach the hub too.
 	hub := mailbox.NewHub()
 	var notifier usermgr.Notifier = hub
 	// A Cassandra keyspace's engine mode must fit the node: the batch mode
@@ -166,6 +168,7 @@ func (s *Server) Start() (err error) {
 			return err
 		}
 		notifier = s.cluster.Events()
+		hub.Observe(s.cluster.Events())
 	}
 	if err := s.startStore(hub, notifier); err != nil {
 		return err
@@ -333,7 +336,8 @@ func (s *Server) startCluster(local events.Local) error {
 // writes other nodes forward here (internal/cluster/forward): this node's
 // manager then writes only the users whose buckets it manages
 // (cluster.Node.Owner). After a forwarded write the forwarder tells the
-// local hub at once; the manager's node tells every node, this one too.
+// local hub at once; the manager's node tells every node that watches the
+// mailbox, this one too.
 //
 // With the cluster on, on Cassandra, the engine is the batch mode
 // (fitStoreMode): the manager writes each user's mailboxes as batches

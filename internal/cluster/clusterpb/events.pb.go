@@ -1,7 +1,9 @@
-// The cluster's change events (docs/adr/0029): a node whose user manager
-// made a write durable tells the other nodes which mailboxes changed, so
-// that their IMAP sessions on those mailboxes (IDLE, or selected) look at
-// the change log at once instead of at their next poll.
+// The cluster's change events (docs/adr/0029, 0036): a node whose user
+// manager made a write durable tells the nodes that watch a mailbox (have
+// IMAP sessions on it, IDLE or selected) that its change log grew, so that
+// those sessions look at the log at once instead of at their next poll.
+// Every node tells every other which mailboxes it watches, in the same
+// calls.
 //
 // Compatibility as for cluster.proto: fields are added, never renumbered.
 
@@ -31,7 +33,17 @@ const (
 type ChangedRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Mailbox IDs, 16 bytes each (store.ID).
-	Mailboxes     [][]byte `protobuf:"bytes,1,rep,name=mailboxes,proto3" json:"mailboxes,omitempty"`
+	Mailboxes [][]byte `protobuf:"bytes,1,rep,name=mailboxes,proto3" json:"mailboxes,omitempty"`
+	// The calling node's ID; empty from a node that sends no watch sets
+	// (it is sent every event).
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// full: watch is the caller's whole watch set, replacing what the
+	// receiver kept; otherwise watch and unwatch change it.
+	Full    bool     `protobuf:"varint,3,opt,name=full,proto3" json:"full,omitempty"`
+	Watch   [][]byte `protobuf:"bytes,4,rep,name=watch,proto3" json:"watch,omitempty"`
+	Unwatch [][]byte `protobuf:"bytes,5,rep,name=unwatch,proto3" json:"unwatch,omitempty"`
+	// The caller keeps no watch set of the receiver: send the whole set next.
+	WantFull      bool `protobuf:"varint,6,opt,name=want_full,json=wantFull,proto3" json:"want_full,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -73,8 +85,46 @@ func (x *ChangedRequest) GetMailboxes() [][]byte {
 	return nil
 }
 
+func (x *ChangedRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ChangedRequest) GetFull() bool {
+	if x != nil {
+		return x.Full
+	}
+	return false
+}
+
+func (x *ChangedRequest) GetWatch() [][]byte {
+	if x != nil {
+		return x.Watch
+	}
+	return nil
+}
+
+func (x *ChangedRequest) GetUnwatch() [][]byte {
+	if x != nil {
+		return x.Unwatch
+	}
+	return nil
+}
+
+func (x *ChangedRequest) GetWantFull() bool {
+	if x != nil {
+		return x.WantFull
+	}
+	return false
+}
+
 type ChangedReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The receiver keeps no watch set of the caller (it restarted, or had
+	// listed the caller dead): send the whole set next.
+	Resync        bool `protobuf:"varint,1,opt,name=resync,proto3" json:"resync,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -109,14 +159,27 @@ func (*ChangedReply) Descriptor() ([]byte, []int) {
 	return file_events_proto_rawDescGZIP(), []int{1}
 }
 
+func (x *ChangedReply) GetResync() bool {
+	if x != nil {
+		return x.Resync
+	}
+	return false
+}
+
 var File_events_proto protoreflect.FileDescriptor
 
 const file_events_proto_rawDesc = "" +
 	"\n" +
-	"\fevents.proto\x12\x10quill.cluster.v1\".\n" +
+	"\fevents.proto\x12\x10quill.cluster.v1\"\xa3\x01\n" +
 	"\x0eChangedRequest\x12\x1c\n" +
-	"\tmailboxes\x18\x01 \x03(\fR\tmailboxes\"\x0e\n" +
-	"\fChangedReply2U\n" +
+	"\tmailboxes\x18\x01 \x03(\fR\tmailboxes\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x12\n" +
+	"\x04full\x18\x03 \x01(\bR\x04full\x12\x14\n" +
+	"\x05watch\x18\x04 \x03(\fR\x05watch\x12\x18\n" +
+	"\aunwatch\x18\x05 \x03(\fR\aunwatch\x12\x1b\n" +
+	"\twant_full\x18\x06 \x01(\bR\bwantFull\"&\n" +
+	"\fChangedReply\x12\x16\n" +
+	"\x06resync\x18\x01 \x01(\bR\x06resync2U\n" +
 	"\x06Events\x12K\n" +
 	"\aChanged\x12 .quill.cluster.v1.ChangedRequest\x1a\x1e.quill.cluster.v1.ChangedReplyB\"Z quill/internal/cluster/clusterpbb\x06proto3"
 

@@ -1,7 +1,9 @@
-// The cluster's change events (docs/adr/0029): a node whose user manager
-// made a write durable tells the other nodes which mailboxes changed, so
-// that their IMAP sessions on those mailboxes (IDLE, or selected) look at
-// the change log at once instead of at their next poll.
+// The cluster's change events (docs/adr/0029, 0036): a node whose user
+// manager made a write durable tells the nodes that watch a mailbox (have
+// IMAP sessions on it, IDLE or selected) that its change log grew, so that
+// those sessions look at the log at once instead of at their next poll.
+// Every node tells every other which mailboxes it watches, in the same
+// calls.
 //
 // Compatibility as for cluster.proto: fields are added, never renumbered.
 
@@ -33,10 +35,12 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type EventsClient interface {
-	// Changed says that the change logs of mailboxes grew. It carries no
-	// data: the receiver's sessions read the log themselves. Best effort: a
-	// call lost leaves the sessions to their polling, which stays as the
-	// safety net.
+	// Changed says that the change logs of mailboxes grew, and which
+	// mailboxes the caller's sessions started or stopped watching. It
+	// carries no mail data: the receiver's sessions read the log themselves.
+	// Best effort: a call lost leaves the sessions to their polling, which
+	// stays as the safety net, and makes the caller send its whole watch set
+	// next.
 	Changed(ctx context.Context, in *ChangedRequest, opts ...grpc.CallOption) (*ChangedReply, error)
 }
 
@@ -62,10 +66,12 @@ func (c *eventsClient) Changed(ctx context.Context, in *ChangedRequest, opts ...
 // All implementations must embed UnimplementedEventsServer
 // for forward compatibility.
 type EventsServer interface {
-	// Changed says that the change logs of mailboxes grew. It carries no
-	// data: the receiver's sessions read the log themselves. Best effort: a
-	// call lost leaves the sessions to their polling, which stays as the
-	// safety net.
+	// Changed says that the change logs of mailboxes grew, and which
+	// mailboxes the caller's sessions started or stopped watching. It
+	// carries no mail data: the receiver's sessions read the log themselves.
+	// Best effort: a call lost leaves the sessions to their polling, which
+	// stays as the safety net, and makes the caller send its whole watch set
+	// next.
 	Changed(context.Context, *ChangedRequest) (*ChangedReply, error)
 	mustEmbedUnimplementedEventsServer()
 }

@@ -35,7 +35,7 @@ func TestServiceIgnoresMalformedIDs(t *testing.T) {
 
 // Events for a peer that does not keep up wait in a bounded set: one call
 // in flight, at most MaxPending IDs behind it, the rest dropped and
-// counted. The local hub hears every one.
+// counted. The local hub hears every one; the peer only those it watches.
 func TestPendingBounded(t *testing.T) {
 	var local ids
 	release := make(chan struct{})
@@ -48,12 +48,20 @@ func TestPendingBounded(t *testing.T) {
 		<-release
 		return nil, errors.New("peer unreachable")
 	}})
-	f.SetPeers([]Peer{{ID: "p", Addr: "127.0.0.1:1"}})
-	f.Notify(store.NewID())
-	<-dialed // the first call is in flight, holding one ID
-	for range 10 {
-		f.Notify(store.NewID())
+	watched := make([][]byte, 10)
+	for i := range watched {
+		id := store.NewID()
+		watched[i] = id[:]
 	}
+	if _, err := f.Service().Changed(context.Background(), &clusterpb.ChangedRequest{Node: "p", Full: true, Watch: watched}); err != nil {
+		t.Fatal(err)
+	}
+	f.SetPeers([]Peer{{ID: "p", Addr: "127.0.0.1:1"}})
+	<-dialed // the first call (this node's watch set) is in flight
+	for _, b := range watched {
+		f.Notify(store.ID(b))
+	}
+	f.Notify(store.NewID()) // not watched by p: not queued for it
 	if d := testutil.ToFloat64(f.m.dropped); d != 6 {
 		t.Fatalf("%v dropped while the call hung, want 6 (10 behind it, 4 kept)", d)
 	}
@@ -62,4 +70,45 @@ func TestPendingBounded(t *testing.T) {
 	if len(local) != 11 {
 		t.Fatalf("local hub told %d events, want 11", len(local))
 	}
+}
+
+// A peer's watch set: changes to a set this node does not keep ask for
+// the whole set (Resync), a whole set replaces what was kept, changes
+// apply to it, and a peer no longer listed loses it.
+func TestPeerWatchSets(t *testing.T) {
+	var local ids
+	f := New(Options{Node: "self", Local: &local})
+	changed := func(req *clusterpb.ChangedRequest) *clusterpb.ChangedReply {
+		t.Helper()
+		rep, err := f.Service().Changed(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	x, y := store.NewID(), store.NewID()
+	if !changed(&clusterpb.ChangedRequest{Node: "p", Watch: [][]byte{x[:]}}).Resync {
+		t.Fatal("changes to an unknown set applied")
+	}
+	if len(f.interest) != 0 {
+		t.Fatalf("kept %v", f.interest)
+	}
+	if changed(&clusterpb.ChangedRequest{Node: "p", Full: true, Watch: [][]byte{x[:], {1}}}).Resync {
+		t.Fatal("whole set refused")
+	}
+	changed(&clusterpb.ChangedRequest{Node: "p", Watch: [][]byte{y[:]}, Unwatch: [][]byte{x[:]}})
+	if _, ok := f.interest["p"][y]; !ok || len(f.interest["p"]) != 1 {
+		t.Fatalf("p watches %v, want only %s", f.interest["p"], y)
+	}
+	// A node's own ID and calls without one change no set.
+	changed(&clusterpb.ChangedRequest{Node: "self", Full: true})
+	changed(&clusterpb.ChangedRequest{Full: true})
+	if len(f.interest) != 1 {
+		t.Fatalf("kept %v", f.interest)
+	}
+	f.SetPeers(nil)
+	if len(f.interest) != 0 {
+		t.Fatalf("kept %v after p left", f.interest)
+	}
+	f.Close()
 }

@@ -32,13 +32,21 @@ func (t *Transport) Client(peer, addr string) (*grpc.ClientConn, error) {
 		return c, nil
 	}
 	c, err := grpc.NewClient("passthrough:///"+addr,
-		grpc.WithTransportCredentials(grpccreds.NewTLS(t.opts.Node.ClientTLS(peer, []string{ProtoRPC}))))
+		grpc.WithTransportCredentials(grpccreds.NewTLS(t.opts.Node.ClientTLS(peer, []string{ProtoRPC}))),
+		grpc.WithInitialWindowSize(rpcWindow), grpc.WithInitialConnWindowSize(rpcWindow))
 	if err != nil {
 		return nil, fmt.Errorf("transport: RPC client for %s at %s: %w", peer, addr, err)
 	}
 	t.clients.m[key] = c
 	return c, nil
 }
+
+// rpcWindow is the HTTP/2 flow-control window of every RPC connection and
+// stream, both ways. The messages are small (forwarded metadata, events);
+// a fixed window that large also turns off gRPC's bandwidth-delay
+// estimation, whose PING frames would cost a write and a read on each side
+// for many of the calls at the rates a node forwards.
+const rpcWindow = 1 << 20
 
 // Forget closes the RPC connections to peer (a node that died or left).
 func (t *Transport) Forget(peer string) {

@@ -149,7 +149,7 @@ func Listen(opts Options) (*Transport, error) {
 		t.cancel()
 		return nil, err
 	}
-	t.grpc = grpc.NewServer(grpc.Creds(handshaken{}))
+	t.grpc = grpc.NewServer(grpc.Creds(handshaken{}), grpc.InitialWindowSize(rpcWindow), grpc.InitialConnWindowSize(rpcWindow))
 	if opts.Register != nil {
 		opts.Register(t.grpc)
 	}
