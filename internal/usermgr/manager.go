@@ -32,7 +32,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"sync"
 
@@ -88,11 +90,24 @@ type Manager struct {
 	owner  Owner
 	notify Notifier
 	max    int
+	seed   maphash.Seed
 
-	mu    sync.Mutex
-	users map[string]*user
-	// owners maps a mailbox to its user (mailbox IDs are never reused).
-	owners map[store.ID]string
+	mu sync.Mutex
+	// Guarded by mu: users files every user kept by name; boxes files
+	// each by the first mailbox of theirs loaded (user.first), extra by
+	// the others, which more lists per user.
+	users, boxes table
+	extra        map[store.ID]*user
+	more         map[*user][]*head
+
+	// stripes guard the users' batches in flight (user.state), by the
+	// hash of the name, and wake drain as a user's last one ends.
+	stripes [64]stripe
+}
+
+type stripe struct {
+	mu   sync.Mutex
+	done sync.Cond // on mu; broadcast when a user's batches in flight end
 }
 
 var _ store.Store = (*Manager)(nil)
@@ -100,15 +115,9 @@ var _ store.Store = (*Manager)(nil)
 // New returns the manager of every user of e, which must apply batches
 // (store.BatchWriter) or order its own writes (store.Store).
 func New(e store.Engine, opts Options) *Manager {
-	m := &Manager{Engine: e, owner: opts.Owner, notify: opts.Notifier, max: opts.MaxUsers,
-		users: map[string]*user{}, owners: map[store.ID]string{}}
-	if m.owner == nil {
-		m.owner = soleOwner{}
-	}
+	m := newManager(opts.Owner, opts.MaxUsers)
+	m.Engine, m.notify = e, opts.Notifier
 	m.adopt, _ = e.(store.Adopter)
-	if m.max <= 0 {
-		m.max = 1 << 20
-	}
 	if w, ok := e.(store.BatchWriter); ok {
 		m.w = w
 	} else if own, ok := e.(store.Store); ok {
@@ -119,38 +128,74 @@ func New(e store.Engine, opts Options) *Manager {
 	return m
 }
 
-// user is the manager's state of one user. It is kept small (soft state
-// per active user is a budget: BenchmarkSoftStatePerUser).
+// newManager returns a Manager with its state and no engine.
+func newManager(owner Owner, maxUsers int) *Manager {
+	m := &Manager{owner: owner, max: maxUsers, seed: maphash.MakeSeed(),
+		extra: map[store.ID]*user{}, more: map[*user][]*head{}}
+	if m.owner == nil {
+		m.owner = soleOwner{}
+	}
+	if m.max <= 0 {
+		m.max = 1 << 20
+	}
+	m.users.key = func(u *user) uint64 { return m.hashName(u.name) }
+	m.boxes.key = func(u *user) uint64 { return m.hashID(u.first.id) }
+	for i := range m.stripes {
+		m.stripes[i].done.L = &m.stripes[i].mu
+	}
+	return m
+}
+
+func (m *Manager) hashName(name string) uint64 { return maphash.String(m.seed, name) }
+func (m *Manager) hashID(id store.ID) uint64   { return maphash.Comparable(m.seed, id) }
+
+func (m *Manager) stripe(u *user) *stripe {
+	return &m.stripes[m.hashName(u.name)%uint64(len(m.stripes))]
+}
+
+// user is the manager's state of one user. It is kept to 80 bytes (soft
+// state per active user is a budget: BenchmarkSoftStatePerUser); what
+// only some users need (more heads, a waiter) lives in the Manager.
 type user struct {
 	name string
-	pins int32 // guarded by Manager.mu: goroutines holding or waiting for mu
+	mu   sync.Mutex // orders the user's writes: held while one is built and submitted
+	pins int32      // guarded by Manager.mu: goroutines holding or waiting for mu
+	// state is guarded by the user's stripe: the batches submitted and
+	// not yet finished, with failedBit once one failed (reload before the
+	// next write).
+	state uint32
 
-	// Guarded by fl:
-	inflight int32         // batches submitted and not yet finished
-	failed   bool          // a batch failed: reload before the next write
-	waiter   chan struct{} // if not nil, closed when inflight drops to zero
-	fl       sync.Mutex
-
-	// mu orders the user's writes: held while one is built and submitted.
-	mu sync.Mutex
 	// Guarded by mu:
-	usageOK bool
-	epoch   uint64  // the epoch heads were loaded under
-	heads   []*head // the mailboxes written, few: searched in order
-	usage   store.Usage
+	epoch uint64 // the epoch heads were loaded under
+	usage int64  // octets stored; noUsage until read
+	// first is the head of the first mailbox loaded (a zero id: none);
+	// the others' are in Manager.more. first.id changes only under
+	// Manager.mu too, which reads it (Manager.boxes).
+	first head
 }
+
+const (
+	failedBit = 1 << 31
+	noUsage   = math.MinInt64
+)
 
 // head is what the manager keeps of a mailbox: the next UID and MODSEQ to
 // hand out, minus one for the MODSEQ.
 type head struct {
 	id      store.ID
-	uidNext uint32
 	modSeq  uint64
+	uidNext uint32
 }
 
-// find returns the head of mailbox id, or nil.
-func (u *user) find(id store.ID) *head {
-	for _, h := range u.heads {
+// find returns the head of mailbox id kept for u (whose mu is held), or
+// nil.
+func (m *Manager) find(u *user, id store.ID) *head {
+	if u.first.id == id && !id.IsZero() {
+		return &u.first
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, h := range m.more[u] {
 		if h.id == id {
 			return h
 		}
@@ -158,22 +203,81 @@ func (u *user) find(id store.ID) *head {
 	return nil
 }
 
-// drop forgets the head of mailbox id.
-func (u *user) drop(id store.ID) {
-	u.heads = slices.DeleteFunc(u.heads, func(h *head) bool { return h.id == id })
+// keep adds h, a head u (whose mu is held) does not have, and returns
+// where it is kept.
+func (m *Manager) keep(u *user, h head) *head {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if u.first.id.IsZero() {
+		u.first = h
+		m.boxes.add(u)
+		return &u.first
+	}
+	p := &h
+	m.more[u] = append(m.more[u], p)
+	m.extra[h.id] = u
+	return p
+}
+
+// heads returns u's heads (u's mu is held).
+func (m *Manager) heads(u *user) []*head {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	hs := slices.Clone(m.more[u])
+	if !u.first.id.IsZero() {
+		hs = append(hs, &u.first)
+	}
+	return hs
+}
+
+// drop forgets the head of mailbox id kept for u (whose mu is held).
+func (m *Manager) drop(u *user, id store.ID) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if u.first.id == id && !id.IsZero() {
+		m.boxes.remove(u)
+		u.first = head{}
+		return
+	}
+	more := slices.DeleteFunc(m.more[u], func(h *head) bool { return h.id == id })
+	delete(m.extra, id)
+	if len(more) == 0 {
+		delete(m.more, u)
+	} else {
+		m.more[u] = more
+	}
+}
+
+// dropAll forgets every head of u (whose mu is held).
+func (m *Manager) dropAll(u *user) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.dropAllLocked(u)
+	u.first = head{}
+}
+
+// dropAllLocked unfiles u's heads; m.mu is held.
+func (m *Manager) dropAllLocked(u *user) {
+	if !u.first.id.IsZero() {
+		m.boxes.remove(u)
+	}
+	for _, h := range m.more[u] {
+		delete(m.extra, h.id)
+	}
+	delete(m.more, u)
 }
 
 // lock returns name's state with its mu held, pinned against eviction
 // until unlock.
 func (m *Manager) lock(name string) *user {
 	m.mu.Lock()
-	u := m.users[name]
+	u := m.users.find(m.hashName(name), func(u *user) bool { return u.name == name })
 	if u == nil {
-		if len(m.users) >= m.max {
+		if m.users.n >= m.max {
 			m.evictLocked()
 		}
-		u = &user{name: name}
-		m.users[name] = u
+		u = &user{name: name, usage: noUsage}
+		m.users.add(u)
 	}
 	u.pins++
 	m.mu.Unlock()
@@ -189,69 +293,83 @@ func (m *Manager) unlock(u *user) {
 }
 
 // evictLocked forgets some idle users (no one holds or waits for them,
-// nothing in flight) and mailbox owners, in map order (pseudo-random).
+// nothing in flight and no failed batch, whose handed-out heads the
+// reload needs), from a random place on.
 func (m *Manager) evictLocked() {
-	n := 0
-	for name, u := range m.users {
-		if n >= 16 {
-			break
+	var idle []*user
+	m.users.each(rand.IntN(len(m.users.slots)), func(u *user) bool {
+		if u.pins == 0 && m.settled(u) {
+			idle = append(idle, u)
 		}
-		u.fl.Lock()
-		busy := u.inflight > 0 || u.failed // failed: handed-out heads to keep (reload)
-		u.fl.Unlock()
-		if u.pins == 0 && !busy {
-			delete(m.users, name)
-			n++
-		}
+		return len(idle) < 16
+	})
+	for _, u := range idle {
+		m.users.remove(u)
+		m.dropAllLocked(u)
 	}
-	if len(m.owners) >= 4*m.max {
-		clear(m.owners)
-	}
+}
+
+// settled reports whether u has no batch in flight and no failed one.
+func (m *Manager) settled(u *user) bool {
+	st := m.stripe(u)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return u.state == 0
+}
+
+// kept reports whether name's state is kept (for tests).
+func (m *Manager) kept(name string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.users.find(m.hashName(name), func(u *user) bool { return u.name == name }) != nil
 }
 
 // Unwrap returns the engine beneath the manager, for the contracts an
 // engine provides beside store.Engine (store.Secrets, store.Ownership).
 func (m *Manager) Unwrap() store.Engine { return m.Engine }
 
-// userOf returns the user owning mailbox.
+// userOf returns the user owning mailbox: from the heads kept, or from
+// the store.
 func (m *Manager) userOf(ctx context.Context, mailbox store.ID) (string, error) {
 	m.mu.Lock()
-	name, ok := m.owners[mailbox]
+	u := m.boxes.find(m.hashID(mailbox), func(u *user) bool { return u.first.id == mailbox })
+	if u == nil {
+		u = m.extra[mailbox]
+	}
 	m.mu.Unlock()
-	if ok {
-		return name, nil
+	if u != nil {
+		return u.name, nil
 	}
 	mb, err := m.Engine.GetMailboxByID(ctx, mailbox)
 	if err != nil {
 		return "", err
 	}
-	m.mu.Lock()
-	m.owners[mailbox] = mb.User
-	m.mu.Unlock()
 	return mb.User, nil
 }
 
 // drain waits until none of u's batches is in flight, and reloads u's
 // state if one of them failed. u.mu is held, so no new one starts.
 func (m *Manager) drain(ctx context.Context, u *user) error {
-	for {
-		u.fl.Lock()
-		if u.inflight == 0 {
-			failed := u.failed
-			u.failed = false
-			u.fl.Unlock()
-			if failed {
-				return m.reload(ctx, u)
-			}
-			return nil
-		}
-		if u.waiter == nil {
-			u.waiter = make(chan struct{})
-		}
-		ch := u.waiter
-		u.fl.Unlock()
-		<-ch
+	st := m.stripe(u)
+	st.mu.Lock()
+	for u.state&^failedBit != 0 {
+		st.done.Wait()
 	}
+	failed := u.state&failedBit != 0
+	u.state = 0
+	st.mu.Unlock()
+	if failed {
+		return m.reload(ctx, u)
+	}
+	return nil
+}
+
+// failed reports whether one of u's batches failed since the last reload.
+func (m *Manager) failed(u *user) bool {
+	st := m.stripe(u)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return u.state&failedBit != 0
 }
 
 // reload rereads u's heads after a failed batch, keeping the higher of the
@@ -263,17 +381,18 @@ func (m *Manager) drain(ctx context.Context, u *user) error {
 // one, and dropping the handed-out heads instead would hand the batch's
 // UIDs out again if it lands after the store was read.
 func (m *Manager) reload(ctx context.Context, u *user) error {
-	u.usageOK = false
-	for _, h := range slices.Clone(u.heads) {
+	u.usage = noUsage
+	for _, h := range m.heads(u) {
 		mb, err := m.Engine.GetMailboxByID(ctx, h.id)
 		if errors.Is(err, store.ErrNotFound) {
-			u.drop(h.id)
+			m.drop(u, h.id)
 			continue
 		}
 		if err != nil {
-			u.fl.Lock()
-			u.failed = true
-			u.fl.Unlock()
+			st := m.stripe(u)
+			st.mu.Lock()
+			u.state |= failedBit
+			st.mu.Unlock()
 			return err
 		}
 		h.uidNext = max(h.uidNext, mb.UIDNext)
@@ -286,10 +405,7 @@ func (m *Manager) reload(ctx context.Context, u *user) error {
 // A head absent from u has no batch in flight (heads leave u only with u,
 // or in reload, which drains first), so the stored one is current.
 func (m *Manager) head(ctx context.Context, u *user, mailbox store.ID) (*head, error) {
-	u.fl.Lock()
-	failed := u.failed
-	u.fl.Unlock()
-	if failed {
+	if m.failed(u) {
 		if err := m.drain(ctx, u); err != nil {
 			return nil, err
 		}
@@ -304,11 +420,11 @@ func (m *Manager) head(ctx context.Context, u *user, mailbox store.ID) (*head, e
 		if err := m.drain(ctx, u); err != nil {
 			return nil, err
 		}
-		u.heads = nil
-		u.usageOK = false
+		m.dropAll(u)
+		u.usage = noUsage
 		u.epoch = epoch
 	}
-	if h := u.find(mailbox); h != nil {
+	if h := m.find(u, mailbox); h != nil {
 		return h, nil
 	}
 	var mb store.Mailbox
@@ -323,9 +439,7 @@ func (m *Manager) head(ctx context.Context, u *user, mailbox store.ID) (*head, e
 	if mb.User != u.name {
 		return nil, fmt.Errorf("mailbox %s: %w", mailbox, store.ErrNotFound)
 	}
-	h := &head{id: mailbox, uidNext: mb.UIDNext, modSeq: mb.HighestModSeq}
-	u.heads = append(u.heads, h)
-	return h, nil
+	return m.keep(u, head{id: mailbox, uidNext: mb.UIDNext, modSeq: mb.HighestModSeq}), nil
 }
 
 // submit queues b for u (whose mu is held) and returns the function that
@@ -336,9 +450,10 @@ func (m *Manager) submit(ctx context.Context, u *user, b *store.Batch) (func() e
 	if err != nil {
 		return nil, err
 	}
-	u.fl.Lock()
-	u.inflight++
-	u.fl.Unlock()
+	st := m.stripe(u)
+	st.mu.Lock()
+	u.state++
+	st.mu.Unlock()
 	return wait, nil
 }
 
@@ -347,16 +462,16 @@ func (m *Manager) submit(ctx context.Context, u *user, b *store.Batch) (func() e
 // unknown, which may be visible (an event that finds nothing new costs a
 // poll; a missing one leaves IDLE clients behind).
 func (m *Manager) finish(u *user, err error, mailboxes ...store.ID) {
-	u.fl.Lock()
+	st := m.stripe(u)
+	st.mu.Lock()
 	if err != nil {
-		u.failed = true
+		u.state |= failedBit
 	}
-	u.inflight--
-	if u.inflight == 0 && u.waiter != nil {
-		close(u.waiter)
-		u.waiter = nil
+	u.state--
+	if u.state&^failedBit == 0 {
+		st.done.Broadcast()
 	}
-	u.fl.Unlock()
+	st.mu.Unlock()
 	if err == nil || errors.Is(err, store.ErrOutcomeUnknown) {
 		m.publish(mailboxes...)
 	}
@@ -388,7 +503,7 @@ func (m *Manager) quotaRoom(ctx context.Context, u *user, total int64, known *in
 	if quota <= 0 {
 		return nil
 	}
-	if !u.usageOK {
+	if u.usage == noUsage {
 		if err := m.drain(ctx, u); err != nil {
 			return err
 		}
@@ -396,18 +511,20 @@ func (m *Manager) quotaRoom(ctx context.Context, u *user, total int64, known *in
 		if err != nil {
 			return err
 		}
-		u.usage, u.usageOK = usage, true
+		u.usage = usage.Bytes
 	}
-	if u.usage.Bytes+total > quota {
+	if u.usage+total > quota {
 		return fmt.Errorf("%w: %s", store.ErrOverQuota, u.name)
 	}
 	return nil
 }
 
-// addUsage accounts a submitted batch's usage change.
+// addUsage accounts a submitted batch's usage change, if the usage is
+// known.
 func (u *user) addUsage(d store.Usage) {
-	u.usage.Bytes += d.Bytes
-	u.usage.Messages += d.Messages
+	if u.usage != noUsage {
+		u.usage += d.Bytes
+	}
 }
 
 // Append implements store.Store: consecutive UIDs from the mailbox's
@@ -747,8 +864,8 @@ func (m *Manager) DeleteMailbox(ctx context.Context, user, name string) error {
 		return err
 	}
 	err = m.Engine.DeleteMailbox(ctx, user, name)
-	u.drop(mb.ID)
-	u.usageOK = false
+	m.drop(u, mb.ID)
+	u.usage = noUsage
 	if err == nil {
 		m.publish(mb.ID)
 	}
@@ -765,8 +882,8 @@ func (m *Manager) DeleteUser(ctx context.Context, address string) error {
 		return err
 	}
 	err := m.Engine.DeleteUser(ctx, address)
-	u.heads = nil
-	u.usageOK = false
+	m.dropAll(u)
+	u.usage = noUsage
 	if err == nil {
 		for _, mb := range mbs {
 			m.publish(mb.ID)

@@ -330,7 +330,7 @@ func TestEvictedUsersRebuilt(t *testing.T) {
 		}
 	}
 	m.mu.Lock()
-	n := len(m.users)
+	n := m.users.n
 	m.mu.Unlock()
 	if n > 4 {
 		t.Fatalf("%d users kept, max 4", n)
@@ -549,10 +549,7 @@ func TestUnknownOutcomeReloads(t *testing.T) {
 	if _, err := m.Append(ctx(), other.ID, []store.NewMessage{body("b")}, store.AppendOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	m.mu.Lock()
-	kept := m.users["a@x"] != nil
-	m.mu.Unlock()
-	if !kept {
+	if !m.kept("a@x") {
 		t.Fatal("the user with a batch of unknown outcome was evicted before its reload")
 	}
 	// 4 + 5 octets stored, quota 10: two more do not fit, one does.
