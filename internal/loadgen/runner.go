@@ -261,15 +261,7 @@ func waitUntil(ctx context.Context, t time.Time) bool {
 // backoff waits 25ms doubling per failure up to 1s, or until ctx ends; it
 // reports whether to try again.
 func backoff(ctx context.Context, failures int) bool {
-	d := min(25*time.Millisecond<<min(failures-1, 6), time.Second)
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return waitUntil(ctx, time.Now().Add(min(25*time.Millisecond<<min(failures-1, 6), time.Second)))
 }
 
 func newRecord(m *Message, res txResult, lat time.Duration) *Record {
