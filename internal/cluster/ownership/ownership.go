@@ -132,8 +132,9 @@ type Owner struct {
 	peers        map[string]*peer        // other nodes' lease rows as observed
 	diffSince    time.Time               // when the live set first differed from latest
 	closed       bool
-	// pruned is the adopted epoch at the last pruning of old maps
-	// (pruneOld); pruneEvery and pruneKeep its period and margin.
+	// pruned is the floor (the lowest epoch lease rows name) at the last
+	// pruning of old maps (pruneOld); pruneEvery and pruneKeep its period
+	// and margin.
 	pruned                uint64
 	pruneEvery, pruneKeep uint64
 
@@ -394,35 +395,33 @@ func (o *Owner) step(view membership.View) {
 	o.propose(ctx, view)
 }
 
-// pruneOld deletes, every pruneEvery adopted epochs, the maps of the
-// epochs more than pruneKeep below the lowest epoch any lease row names
-// (this node's included): the handoff reads the maps of the epochs rows
-// name, and proposals go above the newest, so nothing reads a pruned map
-// again. Every node does it; the deletions are idempotent.
+// pruneOld deletes the maps of the epochs more than pruneKeep below the
+// lowest epoch any lease row names (this node's included), each time that
+// floor has risen pruneEvery epochs since the last pruning: the handoff
+// reads the maps of the epochs rows name, and proposals go above the
+// newest, so nothing reads a pruned map again. Gating on the floor, not on
+// this node's epoch, prunes once the slowest node catches up, even if no
+// epoch follows. Every node does it; the deletions are idempotent.
 func (o *Owner) pruneOld(ctx context.Context) {
 	o.mu.Lock()
-	if o.adopted < o.pruned+o.pruneEvery {
-		o.mu.Unlock()
-		return
-	}
 	floor := o.adopted
 	for _, p := range o.peers {
 		if a := p.lease.Adopted; a > 0 {
 			floor = min(floor, a)
 		}
 	}
-	adopted := o.adopted
+	due := floor >= o.pruned+o.pruneEvery && floor > o.pruneKeep+1
+	below := floor - o.pruneKeep
 	o.mu.Unlock()
-	if floor <= o.pruneKeep+1 {
+	if !due {
 		return
 	}
-	below := floor - o.pruneKeep
 	if err := o.st.PruneClusterMaps(ctx, below); err != nil {
 		o.log.Warn("cluster: pruning old cluster maps", "below", below, "err", err)
 		return
 	}
 	o.mu.Lock()
-	o.pruned = adopted
+	o.pruned = floor
 	for e := range o.maps {
 		if e < below {
 			delete(o.maps, e)

@@ -788,9 +788,10 @@ func TestWeightMovesBuckets(t *testing.T) {
 	}
 }
 
-// TestOldMapsPruned: once the nodes have adopted pruneEvery more epochs,
-// the maps more than pruneKeep below the lowest epoch a lease row names
-// are deleted, and the nodes go on settling on new epochs.
+// TestOldMapsPruned: once the lowest epoch a lease row names has risen
+// pruneEvery epochs, the maps more than pruneKeep below it are deleted,
+// also after the last epoch (the slowest node catching up prunes), and the
+// nodes go on settling on new epochs.
 func TestOldMapsPruned(t *testing.T) {
 	c := newTestCluster(t)
 	a, b := c.startViewNode("node-a"), c.startViewNode("node-b")
