@@ -305,6 +305,49 @@ func readFinalState(t *testing.T, rec *history.Recorder, nodes *robustNodes, use
 	return 8, fmt.Errorf("the final state still changed after 8 rounds of reads")
 }
 
+// clusterPort returns a port free for TCP and for UDP on 127.0.0.1, held
+// for neither (a node binds both), and not in taken. It is taken below the
+// kernel's ephemeral range where that leaves room (as scripts/cassandra's
+// free-ports): the port of a node added late in the run, or of one killed
+// until its restart, stays free for a while, and an outgoing connection
+// given it as its local port would make the node fail to bind.
+func clusterPort(t *testing.T, taken []int) int {
+	t.Helper()
+	low := 0
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			low, _ = strconv.Atoi(f[0])
+		}
+	}
+	for range 200 {
+		p := 0
+		if low > 11000 {
+			p = 10000 + rand.IntN(low-10000)
+		} else {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			p = ln.Addr().(*net.TCPAddr).Port
+			ln.Close()
+		}
+		if slices.Contains(taken, p) {
+			continue
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		if pc, err := net.ListenPacket("udp", "127.0.0.1:"+strconv.Itoa(p)); err == nil {
+			pc.Close()
+			return p
+		}
+	}
+	t.Fatal("no free port for a cluster listener")
+	return 0
+}
+
 // robustClusterArgs is the switch for cluster mode (issue 35's
 // --cluster-addr and --join). Without QUILL_ROBUST_CLUSTER=1 the nodes run
 // as single nodes sharing Cassandra, and it returns no arguments. With it,
@@ -324,20 +367,7 @@ func robustClusterArgs(t *testing.T, cfg string, maxNodes int) (func(i int) []st
 	mustQuill(t, "", "cluster", "init", "--config", cfg, "--data", t.TempDir())
 	ports := make([]int, maxNodes)
 	for i := range ports {
-		// A port free for TCP and for UDP, held for neither: the node
-		// binds both.
-		for ports[i] == 0 {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			p := ln.Addr().(*net.TCPAddr).Port
-			ln.Close()
-			if pc, err := net.ListenPacket("udp", "127.0.0.1:"+strconv.Itoa(p)); err == nil {
-				pc.Close()
-				ports[i] = p
-			}
-		}
+		ports[i] = clusterPort(t, ports[:i])
 	}
 	args := func(i int) []string {
 		a := []string{"--cluster-addr", "127.0.0.1:" + strconv.Itoa(ports[i])}
