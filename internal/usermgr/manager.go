@@ -271,7 +271,7 @@ func (m *Manager) dropAllLocked(u *user) {
 // until unlock.
 func (m *Manager) lock(name string) *user {
 	m.mu.Lock()
-	u := m.users.find(m.hashName(name), func(u *user) bool { return u.name == name })
+	u := m.userLocked(name)
 	if u == nil {
 		if m.users.n >= m.max {
 			m.evictLocked()
@@ -321,7 +321,12 @@ func (m *Manager) settled(u *user) bool {
 func (m *Manager) kept(name string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.users.find(m.hashName(name), func(u *user) bool { return u.name == name }) != nil
+	return m.userLocked(name) != nil
+}
+
+// userLocked returns name's state if it is kept; m.mu is held.
+func (m *Manager) userLocked(name string) *user {
+	return m.users.find(m.hashName(name), func(u *user) bool { return u.name == name })
 }
 
 // Unwrap returns the engine beneath the manager, for the contracts an
