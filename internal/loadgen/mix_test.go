@@ -187,6 +187,11 @@ func checkMix(t *testing.T, s *fakeServer, sum MixSummary) {
 	if sum.E2E.Probes == 0 || sum.E2E.Lost != 0 || sum.E2E.Latency.P50 <= 0 {
 		t.Errorf("e2e: %+v", sum.E2E)
 	}
+	// The prober samples: a probe at most every probeInterval (sent back to
+	// back, the fake server took hundreds in the run).
+	if most := int64(400*time.Millisecond/(100*time.Millisecond)) + 1; sum.E2E.Probes > most {
+		t.Errorf("%d probes in 400 ms, want at most %d", sum.E2E.Probes, most)
+	}
 	if c, ok := sum.CPU["self"]; !ok || c.Total <= 0 || c.PerDelivered <= 0 {
 		t.Errorf("cpu: %+v", sum.CPU)
 	}
@@ -395,5 +400,18 @@ func TestRunMixOneMessagePerConn(t *testing.T) {
 	m := sum.Machine
 	if m == nil || m.CPUs <= 0 || m.Busy <= 0 || m.Servers != sum.CPU["self"].Load || m.OtherShare < 0 || m.OtherShare > 1 {
 		t.Errorf("machine: %+v", m)
+	}
+}
+
+func TestPollGap(t *testing.T) {
+	for _, c := range []struct{ elapsed, want time.Duration }{
+		{0, time.Millisecond},
+		{5 * time.Millisecond, time.Millisecond},
+		{50 * time.Millisecond, 5 * time.Millisecond},
+		{time.Second, 100 * time.Millisecond},
+	} {
+		if got := pollGap(c.elapsed); got != c.want {
+			t.Errorf("pollGap(%v) = %v, want %v", c.elapsed, got, c.want)
+		}
 	}
 }
