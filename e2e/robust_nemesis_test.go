@@ -187,11 +187,18 @@ func (n *nemesis) do(ctx context.Context, act string) error {
 			done <- err
 		}()
 	case actPartition:
-		gid := nodes[i].opts.Gid
-		if err := n.fw.cut(gid); err != nil {
+		// In cluster mode half the cuts leave the store reachable: the
+		// node is then cut off from its peers only and lets its lease
+		// expire (ownership, isolatedLocked).
+		gid, store := nodes[i].opts.Gid, len(n.fw.peerPorts()) == 0 || n.r.IntN(2) == 0
+		if err := n.fw.cut(gid, store); err != nil {
 			return err
 		}
-		n.logf("cut q%d off from cassandra and the other nodes for %v", i, hold.Round(time.Millisecond))
+		from := "the other nodes"
+		if store {
+			from = "cassandra and the other nodes"
+		}
+		n.logf("cut q%d off from %s for %v", i, from, hold.Round(time.Millisecond))
 		n.hold(ctx, hold)
 		dropped := n.fw.dropped()
 		if err := n.fw.heal(gid); err != nil {
@@ -283,7 +290,8 @@ type firewall struct {
 }
 
 // newFirewall creates the chains, or returns why it cannot.
-func newFirewall(t *testing.T, storePort int, gids []uint32, peerPorts func() []int) (*firewall, error) {
+// Its chains are named after name and the process.
+func newFirewall(t *testing.T, name string, storePort int, gids []uint32, peerPorts func() []int) (*firewall, error) {
 	if os.Getuid() != 0 {
 		return nil, errors.New("not root: iptables and group IDs need root")
 	}
@@ -291,7 +299,7 @@ func newFirewall(t *testing.T, storePort int, gids []uint32, peerPorts func() []
 		return nil, errors.New("iptables is not installed (scripts/install-test-deps installs it)")
 	}
 	tag := strconv.Itoa(os.Getpid())
-	f := &firewall{out: "QROBUST-OUT-" + tag, in: "QROBUST-IN-" + tag, storePort: storePort, peerPorts: peerPorts, cut_: map[uint32][][]string{}}
+	f := &firewall{out: name + "-OUT-" + tag, in: name + "-IN-" + tag, storePort: storePort, peerPorts: peerPorts, cut_: map[uint32][][]string{}}
 	if err := f.ipt("-N", f.out); err != nil {
 		return nil, err
 	}
@@ -337,10 +345,15 @@ func (f *firewall) ipt(args ...string) error {
 	return nil
 }
 
-func (f *firewall) cut(gid uint32) error {
+// cut cuts the node of group gid off from the other nodes and, with
+// store, from Cassandra.
+func (f *firewall) cut(gid uint32, store bool) error {
 	g := strconv.FormatUint(uint64(gid), 10)
 	var rules [][]string
 	for i, p := range append([]int{f.storePort}, f.peerPorts()...) {
+		if i == 0 && !store {
+			continue
+		}
 		ps := strconv.Itoa(p)
 		rules = append(rules,
 			[]string{f.out, "-m", "owner", "--gid-owner", g, "-p", "tcp", "--dport", ps, "-j", "DROP"},

@@ -130,7 +130,7 @@ maildrop_lease = "5s"
 		gids = append(gids, gidBase+uint32(i))
 	}
 	storePort, _ := strconv.Atoi(c.hosts[0][strings.LastIndexByte(c.hosts[0], ':')+1:])
-	fw, err := newFirewall(t, storePort, gids, peerPorts)
+	fw, err := newFirewall(t, "QROBUST", storePort, gids, peerPorts)
 	if err != nil {
 		nem.skipped[actPartition] = err.Error()
 		t.Logf("partitions unavailable on this machine, that action is skipped: %v", err)

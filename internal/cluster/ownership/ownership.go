@@ -131,7 +131,11 @@ type Owner struct {
 	maps         map[uint64]*usermap.Map // computed maps of past epochs, immutable
 	peers        map[string]*peer        // other nodes' lease rows as observed
 	diffSince    time.Time               // when the live set first differed from latest
-	closed       bool
+	// isolated: this node's view reaches only a minority of the nodes
+	// the store hears from (isolatedLocked); it neither renews its
+	// lease nor proposes, so that the majority takes its buckets.
+	isolated bool
+	closed   bool
 	// pruned is the floor (the lowest epoch lease rows name) at the last
 	// pruning of old maps (pruneOld); pruneEvery and pruneKeep its period
 	// and margin.
@@ -286,6 +290,11 @@ func (o *Owner) renew() {
 	o.leaseMu.Lock()
 	defer o.leaseMu.Unlock()
 	o.mu.Lock()
+	if o.isolated {
+		o.mu.Unlock()
+		o.m.renewals.WithLabelValues("isolated").Inc()
+		return
+	}
 	o.renewal++
 	l := store.NodeLease{Node: o.id, Adopted: o.adopted, Renewal: o.renewal}
 	o.mu.Unlock()
@@ -391,8 +400,59 @@ func (o *Owner) step(view membership.View) {
 	if lerr == nil {
 		o.handoff(ctx, readStart)
 		o.pruneOld(ctx)
+		o.checkIsolated(view)
 	}
 	o.propose(ctx, view)
+}
+
+// checkIsolated sets isolated from view and the lease rows last read, and
+// logs a change.
+func (o *Owner) checkIsolated(view membership.View) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	was := o.isolated
+	isolated, reached, alive := o.isolatedLocked(view)
+	o.isolated = isolated
+	switch {
+	case o.isolated && !was:
+		o.log.Warn("cluster: cut off from most of the cluster: not renewing the lease, so that the others take this node's buckets",
+			"reached", reached, "alive", alive)
+	case !o.isolated && was:
+		o.log.Info("cluster: in touch with the cluster again: renewing the lease", "reached", reached, "alive", alive)
+	}
+	o.m.isolated.Set(map[bool]float64{true: 1}[o.isolated])
+}
+
+// isolatedLocked reports whether view reaches at most a minority of the
+// alive nodes of the newest map, where alive means this node and every
+// other whose lease row is being renewed (renewingLocked): the store hears
+// from them, so they are up, and this node, unable to reach them, can
+// neither forward to them nor be forwarded to. An isolated node stops
+// renewing its lease and proposing, its lease expires, and the nodes on
+// the majority side take its buckets (without this, every node counts a
+// node whose row is renewed as live, and the requests forwarded to it
+// would fail until the partition heals). A node whose peers are dead is
+// not isolated: their rows stop changing. An even split isolates neither
+// side (2·reached = alive): each keeps its buckets, as before. reached and
+// alive are the counts.
+func (o *Owner) isolatedLocked(view membership.View) (isolated bool, reached, alive int) {
+	if o.latest.Epoch == 0 || len(view.Members) == 0 {
+		return false, 0, 0
+	}
+	inView := make(map[string]bool, len(view.Members))
+	for _, m := range view.Members {
+		inView[m.ID] = true
+	}
+	reached, alive = 1, 1 // this node
+	for _, m := range o.latest.Members {
+		if p := o.peers[m.ID]; m.ID != o.id && p != nil && o.renewingLocked(p) {
+			alive++
+			if inView[m.ID] {
+				reached++
+			}
+		}
+	}
+	return 2*reached < alive, reached, alive
 }
 
 // pruneOld deletes the maps of the epochs more than pruneKeep below the
@@ -674,6 +734,11 @@ func (o *Owner) propose(ctx context.Context, view membership.View) {
 	}
 	now := time.Now()
 	o.mu.Lock()
+	if o.isolated {
+		o.diffSince = time.Time{}
+		o.mu.Unlock()
+		return
+	}
 	latest := o.latest
 	want := o.liveLocked(view, latest)
 	eligible := slices.ContainsFunc(want, func(m store.MapMember) bool { return m.Weight > 0 && !m.Draining })
@@ -733,8 +798,8 @@ func (o *Owner) propose(ctx context.Context, view membership.View) {
 // a node only some views list is wanted by those alone, for at most that
 // long). A node killed drops out of the second part within two
 // renewal periods, before memberlist declares it dead; a node cut off
-// from its peers but not from the store keeps its buckets, and the
-// requests forwarded to it fail until the partition heals.
+// from most of its peers but not from the store stops renewing
+// (isolatedLocked) and so drops out too.
 func (o *Owner) liveLocked(view membership.View, latest store.ClusterMap) []store.MapMember {
 	want := make([]store.MapMember, 0, len(view.Members))
 	inView := make(map[string]bool, len(view.Members))

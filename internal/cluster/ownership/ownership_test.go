@@ -748,6 +748,61 @@ func TestViewWithoutStoreExcluded(t *testing.T) {
 	stableAt(t, c.st, all, "node-a", "node-b", "node-x")
 }
 
+// TestIsolatedNodeStepsAside: a node cut off from its peers but not from
+// the store (its view lists only itself, theirs miss it) stops renewing its
+// lease and proposing; the other two agree on a map without it and take its
+// buckets, and it manages nothing. Without that, every node counts it live
+// while its row is renewed, the map keeps it, and the requests forwarded to
+// its buckets fail until the partition heals. Once it reaches them again it
+// is back in. A node whose peers are dead (their rows no longer renewed) is
+// not cut off: it takes every bucket.
+func TestIsolatedNodeStepsAside(t *testing.T) {
+	c := newTestCluster(t)
+	a, b, x := c.startViewNode("node-a"), c.startViewNode("node-b"), c.startViewNode("node-x")
+	all := []*viewNode{a, b, x}
+	for _, n := range all {
+		n.see("node-a", "node-b", "node-x")
+	}
+	stableAt(t, c.st, all, "node-a", "node-b", "node-x")
+
+	x.see("node-x")
+	a.see("node-a", "node-b")
+	b.see("node-a", "node-b")
+	stableAt(t, c.st, []*viewNode{a, b}, "node-a", "node-b")
+	managedBy := func(want map[*viewNode]bool) func() error {
+		return func() error {
+			total := 0
+			for _, n := range all {
+				st := n.own.Status()
+				if want[n] != (st.Managed > 0) {
+					return fmt.Errorf("%s manages %d buckets (isolated %v)", n.id, st.Managed, st.Isolated)
+				}
+				total += st.Managed
+			}
+			if total != usermap.Buckets {
+				return fmt.Errorf("%d buckets managed, want %d", total, usermap.Buckets)
+			}
+			return nil
+		}
+	}
+	eventually(t, 20*time.Second, "a and b manage every bucket, x none", managedBy(map[*viewNode]bool{a: true, b: true}))
+	if !x.own.Status().Isolated {
+		t.Error("x does not report itself isolated")
+	}
+
+	for _, n := range all {
+		n.see("node-a", "node-b", "node-x")
+	}
+	stableAt(t, c.st, all, "node-a", "node-b", "node-x")
+	eventually(t, 20*time.Second, "every node manages buckets again", managedBy(map[*viewNode]bool{a: true, b: true, x: true}))
+
+	a.own.stopLoops()
+	b.own.stopLoops()
+	x.see("node-x")
+	stableAt(t, c.st, []*viewNode{x}, "node-x")
+	eventually(t, 20*time.Second, "x manages every bucket", managedBy(map[*viewNode]bool{x: true}))
+}
+
 // TestWeightMovesBuckets: a node that lowers its weight (a node under
 // sustained overload does: internal/cluster, balance.go) gets a share of
 // buckets in proportion at the next epoch, and its full share back when

@@ -26,6 +26,9 @@ type Status struct {
 	// Managed is how many buckets this node manages now; Pending how many
 	// it owns at Adopted and awaits the handoff of.
 	Managed, Pending int
+	// Isolated: this node reaches only a minority of the nodes the store
+	// hears from, and lets its lease expire (Owner.isolatedLocked).
+	Isolated bool
 	// Nodes are the nodes of the newest map and those with a lease row.
 	Nodes []NodeStatus
 }
@@ -47,7 +50,7 @@ func (o *Owner) Status() Status {
 	now := time.Now()
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	st := Status{Epoch: o.latest.Epoch, Adopted: o.adopted}
+	st := Status{Epoch: o.latest.Epoch, Adopted: o.adopted, Isolated: o.isolated}
 	for b := range uint32(usermap.Buckets) {
 		if _, err := o.epochLocked(b, now); err == nil {
 			st.Managed++
@@ -104,13 +107,14 @@ type metrics struct {
 	proposals *prometheus.CounterVec
 	adopted   prometheus.Gauge
 	latest    prometheus.Gauge
+	isolated  prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer, o *Owner) (*metrics, error) {
 	m := &metrics{
 		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quill_cluster_lease_renewals_total",
-			Help: "Writes of this node's lease row, by result (ok, error).",
+			Help: "Writes of this node's lease row, by result (ok, error; isolated: skipped, see quill_cluster_isolated).",
 		}, []string{"result"}),
 		moves: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quill_cluster_bucket_moves_total",
@@ -128,6 +132,10 @@ func newMetrics(reg prometheus.Registerer, o *Owner) (*metrics, error) {
 			Name: "quill_cluster_epoch_latest",
 			Help: "The newest map epoch this node has read.",
 		}),
+		isolated: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "quill_cluster_isolated",
+			Help: "1 while this node reaches only a minority of the nodes the store hears from and lets its lease expire.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
@@ -136,7 +144,7 @@ func newMetrics(reg prometheus.Registerer, o *Owner) (*metrics, error) {
 		Name: "quill_cluster_buckets_managed",
 		Help: "Buckets this node manages now.",
 	}, func() float64 { return float64(o.Status().Managed) })
-	for _, c := range []prometheus.Collector{m.renewals, m.moves, m.proposals, m.adopted, m.latest, managed} {
+	for _, c := range []prometheus.Collector{m.renewals, m.moves, m.proposals, m.adopted, m.latest, m.isolated, managed} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
