@@ -149,7 +149,8 @@ func Listen(opts Options) (*Transport, error) {
 		t.cancel()
 		return nil, err
 	}
-	t.grpc = grpc.NewServer(grpc.Creds(handshaken{}), grpc.InitialWindowSize(rpcWindow), grpc.InitialConnWindowSize(rpcWindow))
+	t.grpc = grpc.NewServer(grpc.Creds(handshaken{}), grpc.InitialWindowSize(rpcWindow), grpc.InitialConnWindowSize(rpcWindow),
+		grpc.NumStreamWorkers(rpcWorkers))
 	if opts.Register != nil {
 		opts.Register(t.grpc)
 	}

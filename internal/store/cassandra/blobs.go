@@ -21,7 +21,17 @@ func blobShard(id store.ID) int { return int(id[0]) % indexShards }
 // failed or oversized read removes what it wrote.
 func (e *Engine) PutBlob(ctx context.Context, r io.Reader, maxSize int64) (store.ID, int64, error) {
 	id := store.NewID()
-	buf := make([]byte, chunkSize)
+	// A body bounded below one chunk (a forwarded delivery's, whose size
+	// is known) gets a buffer of that bound, one byte more to see a body
+	// that exceeds it: a chunk's 256 KiB, zeroed, per 5 KB message was
+	// most of a forwarding node's allocation and so of its collector's
+	// work. The buffer is not pooled: the driver may still marshal a
+	// speculative or retried attempt's values after Exec returned.
+	bufLen := chunkSize
+	if maxSize > 0 && maxSize < chunkSize {
+		bufLen = int(maxSize) + 1
+	}
+	buf := make([]byte, bufLen)
 	// The first chunk is read before anything is written: a body that
 	// fails to arrive, or is too large for one chunk's check, leaves
 	// nothing behind.

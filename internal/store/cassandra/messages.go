@@ -43,7 +43,7 @@ func (e *Engine) Append(ctx context.Context, mailbox store.ID, msgs []store.NewM
 		if nm.Body != nil {
 			// An inline body is stored first like any other; this engine
 			// has no write that could carry it with the append.
-			id, _, err := e.PutBlob(ctx, bytes.NewReader(nm.Body), 0)
+			id, _, err := e.PutBlob(ctx, bytes.NewReader(nm.Body), int64(len(nm.Body)))
 			if err != nil {
 				return nil, err
 			}

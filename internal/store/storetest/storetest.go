@@ -380,6 +380,23 @@ func testBlobs(t *testing.T, s store.Store) {
 	if err == nil {
 		t.Fatal("PutBlob over maxSize succeeded")
 	}
+	// A body of exactly maxSize is whole, below a chunk and above one.
+	for _, size := range []int{1000, 300 << 10} {
+		body := bytes.Repeat([]byte("y"), size)
+		id, n, err := s.PutBlob(ctx(), bytes.NewReader(body), int64(size))
+		if err != nil || n != int64(size) {
+			t.Fatalf("PutBlob of %d bytes, maxSize %d: %d, %v", size, size, n, err)
+		}
+		r, err := s.OpenBlob(ctx(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(r)
+		r.Close()
+		if err != nil || !bytes.Equal(got, body) {
+			t.Fatalf("ReadAll of the %d-byte blob stored at maxSize: %d bytes, %v", size, len(got), err)
+		}
+	}
 	boom := errors.New("connection reset")
 	_, _, err = s.PutBlob(ctx(), io.MultiReader(strings.NewReader("partial"), errReader{boom}), 0)
 	wantErr(t, "PutBlob with failing reader", err, boom)
