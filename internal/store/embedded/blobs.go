@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"quill/internal/store"
+	"quill/internal/store/embedded/bodylog"
 )
 
 // chunkSize is the unit in which bodies are stored and read: large enough
@@ -186,7 +187,7 @@ func (e *Engine) OpenBlob(ctx context.Context, id store.ID) (store.BlobReader, e
 		if rec.Seg == 0 {
 			return &blobReader{e: e, id: id, rec: rec}, nil
 		}
-		if s, ok := e.blog.acquire(rec.Seg); ok {
+		if s, ok := e.blog.Acquire(rec.Seg); ok {
 			return &blobReader{e: e, id: id, rec: rec, seg: s}, nil
 		}
 	}
@@ -199,7 +200,7 @@ type blobReader struct {
 	e     *Engine
 	id    store.ID
 	rec   blobRecord
-	seg   *segment // the log segment holding the body, or nil for chunks
+	seg   *bodylog.Segment // the log segment holding the body, or nil for chunks
 	off   int64
 	chunk []byte // the chunk with index cur, or nil
 	cur   uint32
@@ -251,9 +252,9 @@ func (r *blobReader) readLog(p []byte, off int64) (int, error) {
 		return 0, io.EOF
 	}
 	want := min(int64(len(p)), r.rec.Size-off)
-	n, err := r.seg.f.ReadAt(p[:want], r.rec.Off+off)
+	n, err := r.seg.ReadAt(p[:want], r.rec.Off+off)
 	if int64(n) < want {
-		return n, fmt.Errorf("blob %s: short in log segment %s: %v: %w", r.id, segName(r.seg.id), err, errCorrupt)
+		return n, fmt.Errorf("blob %s: short in log segment %s: %v: %w", r.id, bodylog.SegName(r.seg.ID()), err, errCorrupt)
 	}
 	if want < int64(len(p)) {
 		return n, io.EOF
@@ -290,7 +291,7 @@ func (r *blobReader) Seek(offset int64, whence int) (int64, error) {
 func (r *blobReader) Close() error {
 	r.chunk = nil
 	if r.seg != nil {
-		r.e.blog.release(r.seg)
+		r.e.blog.Release(r.seg)
 		r.seg = nil
 	}
 	return nil

@@ -16,6 +16,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"quill/internal/store"
+	"quill/internal/store/embedded/bodylog"
 )
 
 // deliverN appends n messages of about size bytes to a new user's INBOX,
@@ -119,7 +120,7 @@ func TestLogCleaning(t *testing.T) {
 		t.Fatal(err)
 	}
 	box, bodies := deliverN(t, e, "u@example.test", 300, 4000)
-	before := e.blog.stats()
+	before := e.blog.Stats()
 	expungeUnless(t, e, box, bodies, func(uid uint32) bool { return uid%4 == 0 })
 	var keptBytes int64
 	for _, b := range bodies {
@@ -139,30 +140,30 @@ func TestLogCleaning(t *testing.T) {
 	if err := e.cleanLog(true); err != nil {
 		t.Fatal(err)
 	}
-	after := e.blog.stats()
+	after := e.blog.Stats()
 	t.Logf("before: %d segments, %d bytes; after: %d segments, %d bytes, %d live, %d deleted, %d moved",
-		before.segments, before.size, after.segments, after.size, after.live, after.removed, after.moved)
-	if after.live != keptBytes {
-		t.Errorf("live bytes %d, want the kept bodies' %d", after.live, keptBytes)
+		before.Segments, before.Size, after.Segments, after.Size, after.Live, after.Removed, after.Moved)
+	if after.Live != keptBytes {
+		t.Errorf("live bytes %d, want the kept bodies' %d", after.Live, keptBytes)
 	}
-	if after.removed == 0 || after.moved == 0 {
-		t.Errorf("cleaning deleted %d segments and moved %d bytes; want both", after.removed, after.moved)
+	if after.Removed == 0 || after.Moved == 0 {
+		t.Errorf("cleaning deleted %d segments and moved %d bytes; want both", after.Removed, after.Moved)
 	}
 	// Within the budget, give or take the current segment, which the
 	// moves filled.
-	if max := cleanBudget*after.live + 2*opts.LogSegmentBytes; after.size > max {
-		t.Errorf("log is %d bytes after cleaning, want at most %d", after.size, max)
+	if max := cleanBudget*after.Live + 2*opts.LogSegmentBytes; after.Size > max {
+		t.Errorf("log is %d bytes after cleaning, want at most %d", after.Size, max)
 	}
-	if after.size >= before.size/2 {
-		t.Errorf("log is %d bytes after cleaning, was %d", after.size, before.size)
+	if after.Size >= before.Size/2 {
+		t.Errorf("log is %d bytes after cleaning, was %d", after.Size, before.Size)
 	}
 	got, err := io.ReadAll(r)
 	if err != nil || string(got) != bodies[4] {
 		t.Fatalf("reader opened before the move: %d bytes, %v", len(got), err)
 	}
 	e = reopenVerified(t, e, dir, opts, box, bodies)
-	if st := e.blog.stats(); st.live != keptBytes {
-		t.Errorf("after reopening, live bytes %d, want %d", st.live, keptBytes)
+	if st := e.blog.Stats(); st.Live != keptBytes {
+		t.Errorf("after reopening, live bytes %d, want %d", st.Live, keptBytes)
 	}
 }
 
@@ -183,9 +184,9 @@ func TestLogCleaningInBatches(t *testing.T) {
 	if err := e.cleanLog(true); err != nil {
 		t.Fatal(err)
 	}
-	st := e.blog.stats()
-	if st.moved <= moveBatchBytes {
-		t.Errorf("moved %d bytes; want more than one batch's %d", st.moved, moveBatchBytes)
+	st := e.blog.Stats()
+	if st.Moved <= moveBatchBytes {
+		t.Errorf("moved %d bytes; want more than one batch's %d", st.Moved, moveBatchBytes)
 	}
 	reopenVerified(t, e, dir, opts, box, bodies)
 }
@@ -208,8 +209,8 @@ func TestLogReuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	spares := spareFiles(t, fs)
-	if len(spares) != spareSegments {
-		t.Fatalf("spare files %v after deleting %d segments, want %d", spares, e.blog.stats().removed, spareSegments)
+	if len(spares) != bodylog.SpareSegments {
+		t.Fatalf("spare files %v after deleting %d segments, want %d", spares, e.blog.Stats().Removed, bodylog.SpareSegments)
 	}
 	appendOne := func(i int) {
 		body := fmt.Sprintf("after the cleaning %d\r\n%s\r\n", i, strings.Repeat("z", 4000))
@@ -219,14 +220,10 @@ func TestLogReuse(t *testing.T) {
 		}
 		bodies[msgs[0].UID] = body
 	}
-	spareCount := func() int {
-		e.blog.mu.Lock()
-		defer e.blog.mu.Unlock()
-		return len(e.blog.spare)
-	}
+	spareCount := func() int { return e.blog.Stats().Spares }
 	// Mail until the log moves into a spare, and a little more.
 	i := 0
-	for ; spareCount() == spareSegments; i++ {
+	for ; spareCount() == bodylog.SpareSegments; i++ {
 		if i > 100 {
 			t.Fatal("the log never moved into a spare file")
 		}
@@ -238,17 +235,19 @@ func TestLogReuse(t *testing.T) {
 	}
 	// The current segment is a reused file longer than what was written
 	// to it, so a recovery reads the old records after the new ones.
-	st, err := e.blog.w.Stat()
+	listed := e.blog.Segments()
+	cur := listed[len(listed)-1] // the newest
+	st, err := fs.Stat("/quill/log/" + bodylog.SegName(cur.ID))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Size() <= e.blog.off {
-		t.Fatalf("current segment: file of %d bytes, %d written; want a reused, longer file", st.Size(), e.blog.off)
+	if st.Size() <= cur.Size {
+		t.Fatalf("current segment: file of %d bytes, %d written; want a reused, longer file", st.Size(), cur.Size)
 	}
 	crashed := fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 0})
 	crashedBodies := maps.Clone(bodies)
 	// Then enough to use every spare.
-	for range 16 * spareSegments {
+	for range 16 * bodylog.SpareSegments {
 		appendOne(i)
 		i++
 	}
@@ -285,13 +284,13 @@ func TestLogReuse(t *testing.T) {
 	// are kept as spares all the same.
 	spares = spareFiles(t, fs)
 	segs := logSegments(t, fs)
-	if len(spares) != spareSegments {
-		t.Fatalf("spare files %v after cleaning a reopened log, want %d", spares, spareSegments)
+	if len(spares) != bodylog.SpareSegments {
+		t.Fatalf("spare files %v after cleaning a reopened log, want %d", spares, bodylog.SpareSegments)
 	}
 	var last uint32
 	fmt.Sscanf(segs[len(segs)-1], "%d.log", &last)
 	for i := range 2 {
-		if err := fs.Rename("/quill/log/"+spares[i], "/quill/log/"+segName(last+1+uint32(i))); err != nil {
+		if err := fs.Rename("/quill/log/"+spares[i], "/quill/log/"+bodylog.SegName(last+1+uint32(i))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -399,7 +398,9 @@ func TestLogCorruptionRefused(t *testing.T) {
 		seg  func(segs []string) string
 		at   int64
 	}{
-		{"record in an earlier segment", func(segs []string) string { return segs[1] }, segHeaderLen + recHeaderLen + 100},
+		// In the first record's bodies: past the segment's header and the
+		// record's length, checksum and bodies' length.
+		{"record in an earlier segment", func(segs []string) string { return segs[1] }, bodylog.HeaderLen + 12 + 100},
 		{"header of an earlier segment", func(segs []string) string { return segs[1] }, 0},
 		{"header of the last segment", func(segs []string) string { return segs[len(segs)-1] }, 0},
 	} {
@@ -515,7 +516,13 @@ func TestUpgradeFromLogIndex(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ids, frozen := e.blog.youngBlobs(e.blog.segs[r.Seg]); !frozen || len(ids) > 0 {
+	s, ok := e.blog.Acquire(r.Seg)
+	if !ok {
+		t.Fatalf("segment %d is not listed", r.Seg)
+	}
+	ids, frozen := e.blog.YoungBlobs(s)
+	e.blog.Release(s)
+	if !frozen || len(ids) > 0 {
 		t.Fatalf("segment %d: frozen %v, %d blobs in memory; want frozen, none", r.Seg, frozen, len(ids))
 	}
 	expungeUnless(t, e, box, bodies, func(uid uint32) bool { return uid%2 == 0 })
@@ -523,12 +530,12 @@ func TestUpgradeFromLogIndex(t *testing.T) {
 	for _, b := range bodies {
 		live += int64(len(b))
 	}
-	if st := e.blog.stats(); st.live != live {
-		t.Errorf("live bytes %d, want the kept bodies' %d", st.live, live)
+	if st := e.blog.Stats(); st.Live != live {
+		t.Errorf("live bytes %d, want the kept bodies' %d", st.Live, live)
 	}
 	e = reopenVerified(t, e, dir, Options{}, box, bodies) // Check included
-	if st := e.blog.stats(); st.live != live {
-		t.Errorf("after reopening, live bytes %d, want %d", st.live, live)
+	if st := e.blog.Stats(); st.Live != live {
+		t.Errorf("after reopening, live bytes %d, want %d", st.Live, live)
 	}
 }
 
@@ -552,13 +559,11 @@ func TestLogIndexFreeze(t *testing.T) {
 		t.Fatal(err)
 	}
 	frozenSegs := func(e *Engine) (n int) {
-		e.blog.mu.Lock()
-		defer e.blog.mu.Unlock()
-		for _, s := range e.blog.segs {
-			if s.frozen {
+		for _, s := range e.blog.Segments() {
+			if s.Frozen {
 				n++
-				if len(s.blobs) > 0 {
-					t.Errorf("frozen segment %d holds %d blobs in memory", s.id, len(s.blobs))
+				if s.Blobs > 0 {
+					t.Errorf("frozen segment %d holds %d blobs in memory", s.ID, s.Blobs)
 				}
 			}
 		}
@@ -608,7 +613,7 @@ func TestLogIndexFreeze(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if e.blog.isFrozen(r.Seg) {
+		if e.blog.IsFrozen(r.Seg) {
 			old = &msgs[i]
 		} else {
 			young = &msgs[i]
@@ -618,16 +623,13 @@ func TestLogIndexFreeze(t *testing.T) {
 		t.Fatalf("want blobs in young and frozen segments (young %v, frozen %v)", young != nil, old != nil)
 	}
 	r, _ := e.committedBlob(young.Blob)
-	e.blog.mu.Lock()
-	delete(e.blog.segs[r.Seg].blobs, young.Blob)
-	e.blog.mu.Unlock()
+	// Out of its segment's index, its live bytes left as they are.
+	e.blog.AddLive([]bodylog.Delta{{Seg: r.Seg, Blob: young.Blob}})
 	problems, err := e.Check(ctx)
 	if err != nil || len(problems) != 1 || !strings.Contains(problems[0], "does not list it") {
 		t.Fatalf("Check with a blob missing from a young segment's index: %q, %v", problems, err)
 	}
-	e.blog.mu.Lock()
-	e.blog.segs[r.Seg].blobs[young.Blob] = struct{}{}
-	e.blog.mu.Unlock()
+	e.blog.AddLive([]bodylog.Delta{{Seg: r.Seg, Blob: young.Blob, Add: true}})
 	r, _ = e.committedBlob(old.Blob)
 	if err := e.update(ctx, func(t *txn) error { t.del(loggedKey(r.Seg, old.Blob)); return nil }); err != nil {
 		t.Fatal(err)
@@ -640,8 +642,10 @@ func TestLogIndexFreeze(t *testing.T) {
 
 // TestLogReadsV1Segments: segments written before the checksums covered
 // the segment number ("QLG1") still recover, and the log goes on after them
-// in the current format.
+// in the current format (package bodylog's comment gives both).
 func TestLogReadsV1Segments(t *testing.T) {
+	crcTable := crc32.MakeTable(crc32.Castagnoli)
+	logSeed := func(id uint32) uint32 { return crc32.Checksum(binary.LittleEndian.AppendUint32(nil, id), crcTable) }
 	fs, box, bodies := crashedLog(t, 60)
 	for _, name := range logSegments(t, fs) {
 		var id uint32
@@ -656,12 +660,12 @@ func TestLogReadsV1Segments(t *testing.T) {
 			t.Fatal(err)
 		}
 		seed := logSeed(id)
-		if string(b[:4]) != segMagic || crc32.Update(seed, crcTable, b[:12]) != binary.LittleEndian.Uint32(b[12:16]) {
+		if string(b[:4]) != "QLG2" || crc32.Update(seed, crcTable, b[:12]) != binary.LittleEndian.Uint32(b[12:16]) {
 			t.Fatalf("%s: not a current segment header", name)
 		}
-		copy(b, segMagicV1)
+		copy(b, "QLG1")
 		binary.LittleEndian.PutUint32(b[12:16], crc32.Checksum(b[:12], crcTable))
-		for pos := segHeaderLen; pos+8 <= len(b); {
+		for pos := bodylog.HeaderLen; pos+8 <= len(b); {
 			n := int(binary.LittleEndian.Uint32(b[pos:]))
 			if n < 4 || pos+8+n > len(b) || crc32.Update(seed, crcTable, b[pos+8:pos+8+n]) != binary.LittleEndian.Uint32(b[pos+4:]) {
 				break
@@ -708,13 +712,13 @@ func TestCleanPlan(t *testing.T) {
 		{"empty but young beats fuller but old", []s{{1, 45, true}, {2, 1, true}, {3, 45, true}, {4, 45, true}, {5, 40, false}}, []uint32{2}},
 	}
 	for _, c := range cases {
-		segs := map[uint32]*segment{}
+		var segs []bodylog.SegmentInfo
 		for _, x := range c.segs {
-			segs[x.id] = &segment{id: x.id, size: seg, live: x.live, sealed: x.sealed}
+			segs = append(segs, bodylog.SegmentInfo{ID: x.id, Size: seg, Live: x.live, Sealed: x.sealed})
 		}
 		var got []uint32
 		for _, p := range cleanPlan(segs, seg) {
-			got = append(got, p.id)
+			got = append(got, p.ID)
 		}
 		if !slices.Equal(got, c.want) {
 			t.Errorf("%s: plan %v, want %v", c.name, got, c.want)

@@ -9,6 +9,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 
 	"quill/internal/store"
+	"quill/internal/store/embedded/bodylog"
 )
 
 // Check verifies, on a consistent snapshot, that every counter agrees with
@@ -32,8 +33,8 @@ import (
 // The log cleaner waits for the check: a segment it deleted after the
 // snapshot would look missing to the blobs the snapshot still shows in it.
 func (e *Engine) Check(ctx context.Context) ([]string, error) {
-	e.blog.cleaning.Lock()
-	defer e.blog.cleaning.Unlock()
+	e.cleaning.Lock()
+	defer e.cleaning.Unlock()
 	if err := e.checkpoint("check"); err != nil {
 		return nil, err
 	}
@@ -281,25 +282,25 @@ func (e *Engine) checkLogIndex(ctx context.Context, report func(string, ...any))
 		in := map[store.ID]uint32{}
 		live := map[uint32]int64{}
 		frozen := map[uint32]bool{}
-		l := e.blog
-		l.mu.Lock()
-		for _, s := range l.segs {
-			for id := range s.blobs {
-				in[id] = s.id
+		// Neither the committer (running this) nor the cleaner (waiting
+		// for Check) changes the segments meanwhile.
+		for _, s := range e.blog.Segments() {
+			ids, _ := e.blog.YoungBlobs(s.Seg)
+			for _, id := range ids {
+				in[id] = s.ID
 			}
-			live[s.id] = s.live
-			frozen[s.id] = s.frozen
+			live[s.ID] = s.Live
+			frozen[s.ID] = s.Frozen
 		}
-		l.mu.Unlock()
 		for _, d := range t.deltas {
-			if d.add {
-				in[d.blob] = d.seg
-				live[d.seg] += d.bytes
+			if d.Add {
+				in[d.Blob] = d.Seg
+				live[d.Seg] += d.Bytes
 			} else {
-				if in[d.blob] == d.seg {
-					delete(in, d.blob)
+				if in[d.Blob] == d.Seg {
+					delete(in, d.Blob)
 				}
-				live[d.seg] -= d.bytes
+				live[d.Seg] -= d.Bytes
 			}
 		}
 		sizes := map[store.ID]int64{} // from the entries in Pebble
@@ -363,17 +364,15 @@ func (e *Engine) checkLogIndex(ctx context.Context, report func(string, ...any))
 
 // checkLogged checks that a blob stored in the log lies within its
 // segment.
-func checkLogged(l *bodyLog, id store.ID, rec blobRecord, report func(string, ...any)) {
-	s, ok := l.acquire(rec.Seg)
+func checkLogged(l *bodylog.Log, id store.ID, rec blobRecord, report func(string, ...any)) {
+	s, ok := l.Acquire(rec.Seg)
 	if !ok {
 		report("blob %s: log segment %d is missing", id, rec.Seg)
 		return
 	}
-	defer l.release(s)
-	l.mu.Lock()
-	end := s.size
-	l.mu.Unlock()
-	if rec.Off < segHeaderLen || rec.Off+rec.Size > end {
+	defer l.Release(s)
+	end := l.Info(s).Size
+	if rec.Off < bodylog.HeaderLen || rec.Off+rec.Size > end {
 		report("blob %s: bytes %d-%d outside log segment %d (%d bytes)", id, rec.Off, rec.Off+rec.Size, rec.Seg, end)
 	}
 }

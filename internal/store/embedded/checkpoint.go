@@ -28,7 +28,7 @@ import (
 // Pebble runs without a WAL, and the log position L it holds is written by
 // each checkpoint with the position of the last group it covers, so after
 // a crash recovery replays every group after the last checkpoint that
-// reached Pebble's tables (bodylog.go's replay), whatever the overlay held.
+// reached Pebble's tables (bodylog.Log.Replay), whatever the overlay held.
 // The log cleaner deletes a segment only after a checkpoint and a flush
 // that cover it (cleanLog).
 //

@@ -2,11 +2,11 @@ package embedded
 
 import (
 	"encoding/binary"
-	"errors"
 	"math"
 	"time"
 
 	"quill/internal/store"
+	"quill/internal/store/embedded/bodylog"
 )
 
 // Key layout. Every key starts with a one-byte table prefix; integers in keys
@@ -28,9 +28,9 @@ import (
 //	                                     or the body's place in the log)
 //	'b' blobID chunk(4)               -> chunk bytes
 //	'g' segment(4) blobID             -> size: the log index of a frozen
-//	                                     segment (bodylog.go, "Space")
+//	                                     segment (package bodylog, "Space")
 //	'L'                               -> position of the log record that wrote
-//	                                     this batch (bodylog.go)
+//	                                     this batch (bodylog.Pos)
 //	'p' blobID                        -> creation time: blob not yet referenced
 //	'q' user                          -> usage record
 //	'v' user                          -> last UIDVALIDITY handed out
@@ -130,7 +130,9 @@ func prefixEnd(p []byte) []byte {
 	return nil
 }
 
-var errCorrupt = errors.New("embedded: corrupt record")
+// errCorrupt marks a record, key or log that fails its checks: the body
+// log's error, so that one errors.Is finds either.
+var errCorrupt = bodylog.ErrCorrupt
 
 // enc appends the fields of a record; dec reads them back, remembering the
 // first error so that decoders read straight through.

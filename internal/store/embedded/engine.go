@@ -20,10 +20,10 @@
 // While the disk is full (space.go) the committer refuses transactions that
 // store a body, and wakes with a backoff to probe whether space is back.
 //
-// The log is the write-ahead log (bodylog.go): Pebble runs without its own,
-// and a group reaches the overlay only once its record is durable, so
-// nothing a reader sees can be lost by a crash. A checkpoint applies the
-// overlay's net effect to Pebble every few seconds.
+// The log is the write-ahead log (package bodylog): Pebble runs without
+// its own, and a group reaches the overlay only once its record is
+// durable, so nothing a reader sees can be lost by a crash. A checkpoint
+// applies the overlay's net effect to Pebble every few seconds.
 //
 // Because one goroutine assigns UIDs and MODSEQs and commits groups in order,
 // they are strictly increasing in commit order. Between applying a batch and
@@ -58,6 +58,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"quill/internal/store"
+	"quill/internal/store/embedded/bodylog"
 )
 
 // ErrClosed is returned by operations on a closed engine.
@@ -85,7 +86,7 @@ type Options struct {
 	LogSegmentBytes int64
 	// LogIndexBlobs bounds the blobs the log index keeps in memory
 	// (default 2 Mi, about 80 MB at 38 bytes each): past it, the oldest
-	// sealed segments' indexes move into Pebble (bodylog.go, "Space").
+	// sealed segments' indexes move into Pebble (package bodylog, "Space").
 	LogIndexBlobs int
 	// ExpungeWindow is how many MODSEQs of expunges a mailbox's change log
 	// keeps at least (default 1024): older ones are forgotten (see
@@ -111,7 +112,7 @@ type Options struct {
 // Engine is the embedded store. It implements store.Store.
 type Engine struct {
 	db   *pebble.DB
-	blog *bodyLog
+	blog *bodylog.Log
 	opts Options
 	log  *slog.Logger
 
@@ -140,6 +141,9 @@ type Engine struct {
 
 	// space is the disk-full state and the reserve (space.go).
 	space *space
+	// cleaning serializes the log cleaner's passes, and Check with them
+	// (cleanLog).
+	cleaning sync.Mutex
 
 	fenceMu sync.RWMutex
 	fence   map[store.ID]store.Mailbox // mailboxes in the group being synced, pre-group state
@@ -219,7 +223,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 		Logger:        pebbleLogger{opts.Logger},
 		EventListener: eventListener(opts.Logger, stalls),
 		FS:            fs,
-		// The body log is the write-ahead log (bodylog.go).
+		// The body log is the write-ahead log (package bodylog).
 		DisableWAL: true,
 	}
 	// Bloom filters: most lookups that miss (alias checks, pending marks,
@@ -231,7 +235,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
 	}
-	blog, err := openLog(fs, filepath.Join(dir, "log"), opts.LogSegmentBytes)
+	blog, err := bodylog.Open(fs, filepath.Join(dir, "log"), opts.LogSegmentBytes)
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
@@ -281,7 +285,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 		messages: make(map[string][]byte),
 	}
 	if err := e.recover(dir); err != nil {
-		blog.close()
+		blog.Close()
 		db.Close()
 		return nil, err
 	}
@@ -293,7 +297,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 		for _, c := range []prometheus.Collector{e.commitLatency, e.groupSize,
 			e.stalls.count, e.stalls.seconds, e.checkpointsBy, e.ckptSeconds, pebbleCollector{e}, e.writableGauge()} {
 			if err := opts.Registerer.Register(c); err != nil {
-				blog.close()
+				blog.Close()
 				db.Close()
 				return nil, err
 			}
@@ -310,17 +314,17 @@ func Open(dir string, opts Options) (*Engine, error) {
 // recover brings the database up to the end of the log, and the schema up
 // to this binary's level, before the committer starts.
 func (e *Engine) recover(dir string) error {
-	var from logPos
+	var from bodylog.Pos
 	v, err := e.get(e.db, []byte{tLogPos})
 	switch {
 	case err == nil:
-		if from, err = decodeLogPos(v); err != nil {
+		if from, err = bodylog.DecodePos(v); err != nil {
 			return fmt.Errorf("embedded: log position: %w", err)
 		}
 	case !errors.Is(err, store.ErrNotFound):
 		return err
 	}
-	if err := e.blog.replay(e.db, from); err != nil {
+	if err := e.blog.Replay(e.db, from); err != nil {
 		return err
 	}
 	// Pebble syncs the directories inside its own, and the log syncs its
@@ -359,6 +363,16 @@ func syncDirChain(fs vfs.FS, path string) error {
 			return nil
 		}
 	}
+}
+
+// syncDir fsyncs a directory, making the entries in it durable.
+func syncDir(fs vfs.FS, dir string) error {
+	d, err := fs.OpenDir(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	return errors.Join(err, d.Close())
 }
 
 func (e *Engine) checkVersion() error {
@@ -403,7 +417,7 @@ func (e *Engine) Close() error {
 	} else if err := e.db.Flush(); err != nil {
 		e.log.Warn("flushing the store at close", "err", err)
 	}
-	e.blog.close()
+	e.blog.Close()
 	return e.db.Close()
 }
 
@@ -511,7 +525,7 @@ func (e *Engine) commitGroup(group []*request) {
 	defer b.Close()
 	t := e.txn
 	t.reset(b)
-	pos, err := e.blog.begin()
+	pos, err := e.blog.Begin()
 	full := e.space.full.Load()
 	ok := 0
 	for _, r := range group {
@@ -537,12 +551,12 @@ func (e *Engine) commitGroup(group []*request) {
 			e.fence[id] = m
 		}
 		e.fenceMu.Unlock()
-		lp := encodeLogPos(pos)
+		lp := pos.Encode()
 		if err = e.pend.err(); err == nil {
 			err = b.Set([]byte{tLogPos}, lp, nil)
 		}
 		if err == nil {
-			err = e.blog.commit(b.Repr())
+			err = e.blog.Commit(b.Repr())
 		}
 		switch {
 		case err != nil:
@@ -553,7 +567,7 @@ func (e *Engine) commitGroup(group []*request) {
 				// The log holds a change Pebble does not: only a
 				// recovery can reconcile them (%v: never resumed as a
 				// lack of space).
-				e.blog.fail(fmt.Errorf("embedded: applying a logged group: %v", err))
+				e.blog.Fail(fmt.Errorf("embedded: applying a logged group: %v", err))
 			}
 		default:
 			e.pend.merge(append(t.written, op{key: []byte{tLogPos}, value: lp}))
@@ -573,7 +587,7 @@ func (e *Engine) commitGroup(group []*request) {
 				}
 			}
 			e.lists.commit(t.touched, t.messages)
-			e.blog.addLive(t.deltas)
+			e.blog.AddLive(t.deltas)
 		}
 		e.fenceMu.Lock()
 		for id := range t.touched {
@@ -591,7 +605,7 @@ func (e *Engine) commitGroup(group []*request) {
 	}
 	switch {
 	case err == nil:
-	case isNoSpace(err):
+	case bodylog.IsNoSpace(err):
 		// Logged once, by enter; the group is answered with a
 		// temporary failure, and nothing of it was acknowledged.
 		e.space.enter(err.Error(), false)

@@ -12,12 +12,28 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 
 	"quill/internal/store"
+	"quill/internal/store/embedded/bodylog"
 )
 
-// moveBatchBytes bounds the bodies one cleaning transaction copies forward:
-// the commit group that carries them writes and syncs them before it
-// answers the deliveries it holds, so a large one shows in their latency.
-const moveBatchBytes = 512 << 10
+const (
+	// defaultSegmentBytes is the size at which the log moves to a new
+	// segment: large enough that rotations (a file creation and a
+	// directory sync) are rare, small enough that one segment's garbage is
+	// a modest share of the disk.
+	defaultSegmentBytes = 64 << 20
+	// cleanAfterSegments is how many reclaimable segments may wait for a
+	// flush before the cleaner forces one: forcing one per segment would
+	// multiply Pebble's flushes.
+	cleanAfterSegments = 4
+	// logIndexBlobs is Options.LogIndexBlobs's default: at 4 KiB a body,
+	// the newest 8 GiB of live mail.
+	logIndexBlobs = 2 << 20
+	// moveBatchBytes bounds the bodies one cleaning transaction copies
+	// forward: the commit group that carries them writes and syncs them
+	// before it answers the deliveries it holds, so a large one shows in
+	// their latency.
+	moveBatchBytes = 512 << 10
+)
 
 // countLive counts every segment's live bytes from the blob records, finds
 // the frozen segments (those with log index entries in Pebble) and
@@ -45,20 +61,17 @@ func (e *Engine) countLive() error {
 	if err := errors.Join(it.Error(), it.Close()); err != nil {
 		return err
 	}
-	l := e.blog
-	l.mu.Lock()
+	// The frozen segments first, so that the blobs in them stay out of
+	// the in-memory index.
+	var deltas []bodylog.Delta
 	for id := range frozen {
-		if s := l.segs[id]; s != nil {
-			s.frozen = true
-		}
+		deltas = append(deltas, bodylog.Delta{Seg: id, Freeze: true})
 	}
-	l.mu.Unlock()
 	it, err = e.db.NewIter(&pebble.IterOptions{LowerBound: []byte{tBlob}, UpperBound: []byte{tBlob + 1}})
 	if err != nil {
 		return err
 	}
 	defer it.Close()
-	var deltas []segDelta
 	for it.First(); it.Valid(); it.Next() {
 		k := it.Key()
 		var id store.ID
@@ -73,12 +86,12 @@ func (e *Engine) countLive() error {
 			continue // in chunks (schema level 1)
 		}
 		copy(id[:], k[1:])
-		deltas = append(deltas, segDelta{seg: r.Seg, bytes: r.Size, blob: id, add: true})
+		deltas = append(deltas, bodylog.Delta{Seg: r.Seg, Bytes: r.Size, Blob: id, Add: true})
 	}
 	if err := it.Error(); err != nil {
 		return err
 	}
-	e.blog.addLive(deltas)
+	e.blog.AddLive(deltas)
 	return nil
 }
 
@@ -93,7 +106,7 @@ func (e *Engine) cleanLoop() {
 		select {
 		case <-e.quit:
 			return
-		case <-e.blog.wake:
+		case <-e.blog.Wake():
 			err = e.cleanLog(false)
 		case <-tick.C:
 			err = e.cleanLog(true)
@@ -112,42 +125,36 @@ func (e *Engine) cleanLoop() {
 // segments (or, with force, any) wait for that, it flushes.
 func (e *Engine) cleanLog(force bool) error {
 	l := e.blog
-	l.cleaning.Lock()
-	defer l.cleaning.Unlock()
-	l.mu.Lock()
-	var sealed, young []*segment
-	indexed := 0 // blobs in young segments' indexes
-	for _, s := range l.segs {
-		indexed += len(s.blobs)
-		if s.sealed {
-			sealed = append(sealed, s)
-			if !s.frozen {
+	e.cleaning.Lock()
+	defer e.cleaning.Unlock()
+	var sealed []*bodylog.Segment
+	var young []bodylog.SegmentInfo // in order (Segments)
+	indexed := 0                    // blobs in young segments' indexes
+	for _, s := range l.Segments() {
+		indexed += s.Blobs
+		if s.Sealed {
+			sealed = append(sealed, s.Seg)
+			if !s.Frozen {
 				young = append(young, s)
 			}
 		}
 	}
-	l.mu.Unlock()
-	slices.SortFunc(young, func(a, b *segment) int { return cmp.Compare(a.id, b.id) })
 	for _, s := range young {
 		if indexed <= e.opts.LogIndexBlobs {
 			break
 		}
-		l.mu.Lock()
-		indexed -= len(s.blobs)
-		l.mu.Unlock()
-		if err := e.freeze(s); err != nil {
+		indexed -= l.Info(s.Seg).Blobs
+		if err := e.freeze(s.Seg); err != nil {
 			return err
 		}
 	}
-	l.mu.Lock()
-	reclaimable := cleanPlan(l.segs, l.segBytes)
+	reclaimable := cleanPlan(l.Segments(), e.opts.LogSegmentBytes)
 	waiting := 0
 	for _, s := range reclaimable {
-		if !s.flushed {
+		if !s.Flushed {
 			waiting++
 		}
 	}
-	l.mu.Unlock()
 	if waiting > 0 && (force || waiting >= cleanAfterSegments) {
 		// Every record of a sealed segment was in the overlay before it
 		// was sealed (the log moves to a new segment between groups),
@@ -159,28 +166,22 @@ func (e *Engine) cleanLog(force bool) error {
 		if err := e.flush(); err != nil {
 			return err
 		}
-		l.mu.Lock()
-		for _, s := range sealed {
-			s.flushed = true
-		}
-		l.mu.Unlock()
+		l.SetFlushed(sealed)
 	}
 	for _, s := range reclaimable {
-		l.mu.Lock()
-		flushed, live := s.flushed, s.live
-		l.mu.Unlock()
-		if !flushed {
+		now := l.Info(s.Seg)
+		if !now.Flushed {
 			continue
 		}
-		if live > 0 {
+		if now.Live > 0 {
 			if e.space.full.Load() {
 				continue // moving bodies needs space (space.go)
 			}
-			if err := e.moveLive(s); err != nil {
+			if err := e.moveLive(s.Seg); err != nil {
 				return err
 			}
 		}
-		if err := e.dropSegment(s); err != nil {
+		if err := e.dropSegment(s.Seg); err != nil {
 			return err
 		}
 	}
@@ -209,60 +210,61 @@ const cleanBudget = 2
 // budget, those of less than half live bytes in order of (1-u)*age/(1+u),
 // where u is the live share and age the segments written since (the space
 // freed, weighted by how long its survivors have lasted, per byte read and
-// rewritten). The caller holds the log's mu.
-func cleanPlan(segs map[uint32]*segment, segBytes int64) []*segment {
+// rewritten). segs are the log's segments as of one moment
+// (bodylog.Log.Segments).
+func cleanPlan(segs []bodylog.SegmentInfo, segBytes int64) []bodylog.SegmentInfo {
 	var total, live int64
 	var cur uint32 // the newest segment
-	var plan, candidates []*segment
+	var plan, candidates []bodylog.SegmentInfo
 	for _, s := range segs {
-		cur = max(cur, s.id)
-		total += s.size
-		live += s.live
+		cur = max(cur, s.ID)
+		total += s.Size
+		live += s.Live
 		switch {
-		case !s.sealed:
-		case s.live == 0:
+		case !s.Sealed:
+		case s.Live == 0:
 			plan = append(plan, s)
-			total -= s.size
-		case 2*s.live < s.size:
+			total -= s.Size
+		case 2*s.Live < s.Size:
 			candidates = append(candidates, s)
 		}
 	}
-	score := func(s *segment) float64 {
-		u := float64(s.live) / float64(s.size)
-		return (1 - u) * float64(cur-s.id) / (1 + u)
+	score := func(s bodylog.SegmentInfo) float64 {
+		u := float64(s.Live) / float64(s.Size)
+		return (1 - u) * float64(cur-s.ID) / (1 + u)
 	}
-	slices.SortFunc(candidates, func(a, b *segment) int { return cmp.Compare(score(b), score(a)) })
+	slices.SortFunc(candidates, func(a, b bodylog.SegmentInfo) int { return cmp.Compare(score(b), score(a)) })
 	for _, s := range candidates {
 		if total <= cleanBudget*live+segBytes {
 			break
 		}
 		plan = append(plan, s)
-		total -= s.size - s.live // its live bodies move to the head
+		total -= s.Size - s.Live // its live bodies move to the head
 	}
-	slices.SortFunc(plan, func(a, b *segment) int { return cmp.Compare(a.id, b.id) })
+	slices.SortFunc(plan, func(a, b bodylog.SegmentInfo) int { return cmp.Compare(a.ID, b.ID) })
 	return plan
 }
 
 // dropSegment deletes a sealed, flushed segment if its log index lists no
 // blob. The index decides, not the live bytes.
-func (e *Engine) dropSegment(s *segment) error {
+func (e *Engine) dropSegment(s *bodylog.Segment) error {
 	ids, err := e.segmentBlobs(s)
 	if err != nil || len(ids) > 0 {
 		return err
 	}
-	return e.blog.remove(s)
+	return e.blog.Remove(s)
 }
 
 // segmentBlobs returns the blobs s's log index lists: those in memory and,
 // if s is frozen, its entries in Pebble, whose deletions (moveLive's among
 // them) may still be in the overlay.
-func (e *Engine) segmentBlobs(s *segment) ([]store.ID, error) {
-	ids, frozen := e.blog.youngBlobs(s)
+func (e *Engine) segmentBlobs(s *bodylog.Segment) ([]store.ID, error) {
+	ids, frozen := e.blog.YoungBlobs(s)
 	if !frozen {
 		return ids, nil
 	}
-	p := loggedPrefix(s.id)
-	it, _, err := e.spanView(segSpan(s.id), p, prefixEnd(p), nil, false)
+	p := loggedPrefix(s.ID())
+	it, _, err := e.spanView(segSpan(s.ID()), p, prefixEnd(p), nil, false)
 	if err != nil {
 		return nil, err
 	}
@@ -280,9 +282,9 @@ func (e *Engine) segmentBlobs(s *segment) ([]store.ID, error) {
 // (txn.dropBlob, moveLive). Blobs dropped or moved by the group's earlier
 // transactions, whose changes have not yet reached s's in-memory index,
 // are read as they now are (txn.blob) and left out.
-func (e *Engine) freeze(s *segment) error {
+func (e *Engine) freeze(s *bodylog.Segment) error {
 	return e.update(context.Background(), func(t *txn) error {
-		ids, frozen := e.blog.youngBlobs(s)
+		ids, frozen := e.blog.YoungBlobs(s)
 		if frozen {
 			return nil
 		}
@@ -294,26 +296,23 @@ func (e *Engine) freeze(s *segment) error {
 			if err != nil {
 				return err
 			}
-			if r.Seg == s.id {
-				t.insert(loggedKey(s.id, id), binary.AppendVarint(nil, r.Size))
+			if r.Seg == s.ID() {
+				t.insert(loggedKey(s.ID(), id), binary.AppendVarint(nil, r.Size))
 			}
 		}
 		// The group's later transactions must delete the entries
-		// written here (freezing); the in-memory index goes only once
-		// they are durable (addLive), so that a group that fails
+		// written here (StartFreeze); the in-memory index goes only
+		// once they are durable (AddLive), so that a group that fails
 		// leaves it whole.
-		l := e.blog
-		l.mu.Lock()
-		s.freezing = true
-		l.mu.Unlock()
-		t.deltas = append(t.deltas, segDelta{seg: s.id, freeze: true})
+		e.blog.StartFreeze(s)
+		t.deltas = append(t.deltas, bodylog.Delta{Seg: s.ID(), Freeze: true})
 		return nil
 	})
 }
 
 // moveLive copies the bodies that still live in segment s into the current
 // segment and points their blob records there, through the committer.
-func (e *Engine) moveLive(s *segment) error {
+func (e *Engine) moveLive(s *bodylog.Segment) error {
 	type live struct {
 		id   store.ID
 		off  int64
@@ -346,24 +345,22 @@ func (e *Engine) moveLive(s *segment) error {
 				if err != nil {
 					return err
 				}
-				if r.Seg != s.id || r.Off != m.off {
+				if r.Seg != s.ID() || r.Off != m.off {
 					continue
 				}
-				t.deltas = append(t.deltas, segDelta{seg: s.id, bytes: r.Size, blob: m.id})
-				if t.e.blog.isFrozen(s.id) {
-					t.del(loggedKey(s.id, m.id))
+				t.deltas = append(t.deltas, bodylog.Delta{Seg: s.ID(), Bytes: r.Size, Blob: m.id})
+				if t.e.blog.IsFrozen(s.ID()) {
+					t.del(loggedKey(s.ID(), m.id))
 				}
-				r.Seg, r.Off = t.e.blog.addBody(m.body)
+				r.Seg, r.Off = t.e.blog.AddBody(m.body)
 				t.set(blobKey(m.id), encodeBlob(r))
-				t.deltas = append(t.deltas, segDelta{seg: r.Seg, bytes: r.Size, blob: m.id, add: true})
+				t.deltas = append(t.deltas, bodylog.Delta{Seg: r.Seg, Bytes: r.Size, Blob: m.id, Add: true})
 				moved += r.Size
 			}
 			return nil
 		})
 		if err == nil {
-			e.blog.mu.Lock()
-			e.blog.moved += moved
-			e.blog.mu.Unlock()
+			e.blog.AddMoved(moved)
 		}
 		return err
 	}
@@ -375,14 +372,14 @@ func (e *Engine) moveLive(s *segment) error {
 		if err != nil {
 			return err
 		}
-		if r.Seg != s.id {
+		if r.Seg != s.ID() {
 			continue
 		}
 		start := len(arena)
 		arena = slices.Grow(arena, int(r.Size))[:start+int(r.Size)]
 		body := arena[start:]
-		if n, err := s.f.ReadAt(body, r.Off); int64(n) < r.Size {
-			return fmt.Errorf("blob %s: short in log segment %s: %v: %w", id, segName(s.id), err, errCorrupt)
+		if n, err := s.ReadAt(body, r.Off); int64(n) < r.Size {
+			return fmt.Errorf("blob %s: short in log segment %s: %v: %w", id, bodylog.SegName(s.ID()), err, errCorrupt)
 		}
 		batch = append(batch, live{id, r.Off, body})
 		if bytes += r.Size; bytes >= moveBatchBytes {

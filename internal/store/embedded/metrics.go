@@ -85,13 +85,13 @@ func (c pebbleCollector) Collect(ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
 	}
-	ls := c.e.blog.stats()
-	gauge(descDiskBytes, float64(m.DiskSpaceUsage())+float64(ls.size))
-	gauge(descLogBytes, float64(ls.size))
-	gauge(descLogLiveBytes, float64(ls.live))
-	gauge(descLogSegments, float64(ls.segments))
-	counter(descLogRemoved, float64(ls.removed))
-	counter(descLogMoved, float64(ls.moved))
+	ls := c.e.blog.Stats()
+	gauge(descDiskBytes, float64(m.DiskSpaceUsage())+float64(ls.Size))
+	gauge(descLogBytes, float64(ls.Size))
+	gauge(descLogLiveBytes, float64(ls.Live))
+	gauge(descLogSegments, float64(ls.Segments))
+	counter(descLogRemoved, float64(ls.Removed))
+	counter(descLogMoved, float64(ls.Moved))
 	var flushed, compacted uint64
 	for i, l := range m.Levels {
 		gauge(descLevelBytes, float64(l.TablesSize), strconv.Itoa(i))
@@ -103,7 +103,7 @@ func (c pebbleCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descDebt, float64(m.Compact.EstimatedDebt))
 	counter(descCompactions, float64(m.Compact.Count))
 	counter(descFlushes, float64(m.Flush.Count))
-	counter(descWritten, float64(ls.written), "wal")
+	counter(descWritten, float64(ls.Written), "wal")
 	counter(descWritten, float64(flushed), "flush")
 	counter(descWritten, float64(compacted), "compaction")
 	counter(descCacheHits, float64(m.BlockCache.Hits))

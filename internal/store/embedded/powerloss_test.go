@@ -174,8 +174,8 @@ func powerLoss(t *testing.T, unsyncedPercent int, seed int64, checkpointEvery ti
 	}
 	close(stop)
 	wg.Wait()
-	ls := e.blog.stats()
-	t.Logf("before closing: %d log segments, %d deleted, %d bytes moved", ls.segments, ls.removed, ls.moved)
+	ls := e.blog.Stats()
+	t.Logf("before closing: %d log segments, %d deleted, %d bytes moved", ls.Segments, ls.Removed, ls.Moved)
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}

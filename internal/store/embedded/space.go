@@ -29,7 +29,8 @@ import (
 //     disk; the others (expunges, deletions, flag changes) are small, free
 //     space or both, and are committed into the reserve's room;
 //   - if a log write failed all the same, the log's tail is unknown and
-//     nothing is committed until the committer resumes it (recoverTail);
+//     nothing is committed until the committer resumes it
+//     (bodylog.Log.RecoverTail);
 //   - the committer probes with a growing interval (probeMin to probeMax):
 //     it resumes the log, and once the file system has room for the
 //     reserve twice over it allocates the reserve again and leaves the
@@ -224,12 +225,12 @@ func (e *Engine) probeSpace() {
 	if d, full := sp.due(time.Now()); !full || d > 0 {
 		return
 	}
-	err := e.blog.recoverTail()
+	err := e.blog.RecoverTail()
 	if err == nil {
 		err = sp.makeReserve()
 	}
 	if err != nil {
-		if logErr, noSpace := e.blog.failure(); logErr != nil && !noSpace {
+		if logErr, noSpace := e.blog.Failure(); logErr != nil && !noSpace {
 			// Final: Health reports it; probing would not help.
 			sp.retryLater(logErr)
 			return
@@ -257,7 +258,7 @@ func (e *Engine) flush() error {
 
 // Health reports whether the engine can write. Any goroutine.
 func (e *Engine) Health() store.Health {
-	if err, noSpace := e.blog.failure(); err != nil && !noSpace {
+	if err, noSpace := e.blog.Failure(); err != nil && !noSpace {
 		return store.Health{Failed: true, Reason: "body log failed, restart to recover: " + err.Error()}
 	}
 	if err := e.pend.err(); err != nil {

@@ -83,7 +83,7 @@ func writable(t *testing.T, reg *prometheus.Registry) float64 {
 // succeeds with a reserve, and once space is freed the engine accepts
 // deliveries again by itself; every acknowledged body survives a reopen.
 // Without a reserve the log write itself meets ENOSPC, mid-record, and
-// recoverTail resumes the log.
+// RecoverTail resumes the log.
 func TestDiskFull(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -163,11 +163,9 @@ func TestDiskFull(t *testing.T) {
 					t.Fatalf("delivery after space was freed: %v", err)
 				}
 			}
-			e.blog.mu.Lock()
-			resumed := e.blog.resumed
-			e.blog.mu.Unlock()
+			resumed := e.blog.Stats().Resumed
 			if tc.reserve < 0 && resumed == 0 {
-				t.Error("without a reserve no log write failed: the test did not reach recoverTail")
+				t.Error("without a reserve no log write failed: the test did not reach RecoverTail")
 			}
 			t.Logf("the log was resumed %d times", resumed)
 			opts.Registerer = nil

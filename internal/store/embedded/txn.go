@@ -8,6 +8,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 
 	"quill/internal/store"
+	"quill/internal/store/embedded/bodylog"
 )
 
 // txn is the view a transaction function has of the store: reads see the
@@ -48,7 +49,7 @@ type txn struct {
 	messages map[string][]byte
 	// deltas are the changes in the log segments' live bytes made by the
 	// group's successful transactions, applied once the group commits.
-	deltas []segDelta
+	deltas []bodylog.Delta
 	// stored: the current transaction stores a body (in the log or in
 	// chunks), which a full disk refuses (space.go).
 	stored bool
@@ -88,7 +89,7 @@ func (t *txn) begin() {
 	clear(t.own)
 	t.added = t.added[:0]
 	t.stored = false
-	t.bodyMark = t.e.blog.mark()
+	t.bodyMark = t.e.blog.Mark()
 	t.deltaMark = len(t.deltas)
 }
 
@@ -96,7 +97,7 @@ func (t *txn) rollback() {
 	for _, id := range t.added {
 		delete(t.touched, id)
 	}
-	t.e.blog.truncate(t.bodyMark)
+	t.e.blog.Truncate(t.bodyMark)
 	t.deltas = t.deltas[:t.deltaMark]
 }
 
@@ -379,10 +380,10 @@ func (t *txn) addUsage(user string, bytes, msgs int64) error {
 // together or not at all.
 func (t *txn) putLogBlob(id store.ID, body []byte, refs int64) {
 	t.stored = true
-	seg, off := t.e.blog.addBody(body)
+	seg, off := t.e.blog.AddBody(body)
 	size := int64(len(body))
 	t.insert(blobKey(id), encodeBlob(blobRecord{Size: size, Refs: refs, Seg: seg, Off: off}))
-	t.deltas = append(t.deltas, segDelta{seg: seg, bytes: size, blob: id, add: true})
+	t.deltas = append(t.deltas, bodylog.Delta{Seg: seg, Bytes: size, Blob: id, Add: true})
 }
 
 // dropBlob deletes a blob: its record and its bytes, in the log or in
@@ -392,10 +393,10 @@ func (t *txn) putLogBlob(id store.ID, body []byte, refs int64) {
 func (t *txn) dropBlob(id store.ID, r blobRecord) {
 	t.del(blobKey(id))
 	if r.Seg != 0 {
-		if t.e.blog.isFrozen(r.Seg) {
+		if t.e.blog.IsFrozen(r.Seg) {
 			t.del(loggedKey(r.Seg, id))
 		}
-		t.deltas = append(t.deltas, segDelta{seg: r.Seg, bytes: r.Size, blob: id})
+		t.deltas = append(t.deltas, bodylog.Delta{Seg: r.Seg, Bytes: r.Size, Blob: id})
 		return
 	}
 	for n := uint32(0); n < r.Chunks; n++ {
