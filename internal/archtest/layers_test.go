@@ -56,12 +56,13 @@ var allowed = map[string][]string{
 
 	// Storage.
 	"internal/store":           {},
-	"internal/store/embedded":  {"internal/store", "internal/store/embedded/bodylog"},
+	"internal/store/embedded":  {"internal/store", "internal/store/embedded/bodylog", "internal/store/embedded/overlay"},
 	"internal/store/cassandra": {"internal/store"},
 	"internal/store/storetest": {"internal/store"},
 	// The embedded engine's parts: they know store's types, never the
 	// engine.
 	"internal/store/embedded/bodylog": {"internal/store"},
+	"internal/store/embedded/overlay": {},
 
 	// Cluster. The user map is pure computation on a membership view. The
 	// credentials live in the store (store.Secrets).

@@ -13,7 +13,8 @@
 //	                      keep its writes only if it succeeded
 //	    fence every mailbox the group touched at its pre-group state
 //	    append the group's bodies and batch to the log as one record; fdatasync
-//	    fold the batch's writes into the overlay (checkpoint.go);
+//	    fold the batch's writes into the overlay (checkpoint.go, package
+//	    overlay);
 //	    update the caches (hot.go, lists.go)
 //	    lift the fences; answer every request
 //
@@ -59,6 +60,7 @@ import (
 
 	"quill/internal/store"
 	"quill/internal/store/embedded/bodylog"
+	"quill/internal/store/embedded/overlay"
 )
 
 // ErrClosed is returned by operations on a closed engine.
@@ -136,7 +138,7 @@ type Engine struct {
 	// inboxes is GetMailbox's memory of where users' INBOXes are.
 	inboxes inboxHints
 	// pend holds durable writes not yet applied to Pebble (checkpoint.go).
-	pend     *overlay
+	pend     *overlay.Overlay
 	ckptWake chan struct{}
 
 	// space is the disk-full state and the reserve (space.go).
@@ -253,7 +255,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 		users:    newBounded[string, decodedUser](hotCacheEntries),
 		blobs:    newBlobCache(blobCacheEntries),
 		lists:    newListCache(opts.ListCacheBytes),
-		pend:     newOverlay(),
+		pend:     overlay.New(keySchema),
 		space:    sp,
 		ckptWake: make(chan struct{}, 1),
 		stalls:   stalls,
@@ -552,7 +554,7 @@ func (e *Engine) commitGroup(group []*request) {
 		}
 		e.fenceMu.Unlock()
 		lp := pos.Encode()
-		if err = e.pend.err(); err == nil {
+		if err = e.pend.Err(); err == nil {
 			err = b.Set([]byte{tLogPos}, lp, nil)
 		}
 		if err == nil {
@@ -570,7 +572,7 @@ func (e *Engine) commitGroup(group []*request) {
 				e.blog.Fail(fmt.Errorf("embedded: applying a logged group: %v", err))
 			}
 		default:
-			e.pend.merge(append(t.written, op{key: []byte{tLogPos}, value: lp}))
+			e.pend.Merge(append(t.written, overlay.Write{Key: []byte{tLogPos}, Value: lp}))
 		}
 		// The caches take the group's values before the fences lift,
 		// so that no reader sees them disagree (hotCache).
@@ -596,7 +598,7 @@ func (e *Engine) commitGroup(group []*request) {
 		e.fenceMu.Unlock()
 		e.commitLatency.Observe(time.Since(start).Seconds())
 		e.groupSize.Observe(float64(ok))
-		if err == nil && e.pend.due(e.opts.CheckpointInterval, e.opts.CheckpointBytes) {
+		if err == nil && e.pend.Due(e.opts.CheckpointInterval, e.opts.CheckpointBytes) {
 			select {
 			case e.ckptWake <- struct{}{}:
 			default:

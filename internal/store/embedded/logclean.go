@@ -270,7 +270,7 @@ func (e *Engine) segmentBlobs(s *bodylog.Segment) ([]store.ID, error) {
 	}
 	for ok := it.First(); ok; ok = it.Next() {
 		var id store.ID
-		copy(id[:], it.key[len(p):])
+		copy(id[:], it.Key()[len(p):])
 		ids = append(ids, id)
 	}
 	return ids, errors.Join(it.Error(), it.Close())

@@ -65,10 +65,10 @@ func (e *Engine) ListMessages(ctx context.Context, mailbox store.ID, from uint32
 		out = append(out, m)
 		return err
 	}
-	if len(v.ov) == 0 && present >= 0 && present <= limit {
+	if len(v.Writes()) == 0 && present >= 0 && present <= limit {
 		// Never step past the last one needed: that Prev would walk the
 		// tombstones below it.
-		it := v.it
+		it := v.Iter()
 		for ok := present > 0 && it.Last(); ok; ok = len(out) < present && it.Prev() {
 			if err := add(it.Key(), it.Value()); err != nil {
 				return nil, err
@@ -77,7 +77,7 @@ func (e *Engine) ListMessages(ctx context.Context, mailbox store.ID, from uint32
 		slices.Reverse(out)
 	} else {
 		for ok := v.First(); ok && len(out) < limit; ok = v.Next() {
-			if err := add(v.key, v.value); err != nil {
+			if err := add(v.Key(), v.Value()); err != nil {
 				return nil, err
 			}
 		}
@@ -130,7 +130,7 @@ func (e *Engine) Changes(ctx context.Context, mailbox store.ID, since uint64, li
 	defer it.Close()
 	var out []store.Change
 	for ok := it.First(); ok; ok = it.Next() {
-		k := it.key[len(p):]
+		k := it.Key()[len(p):]
 		if len(k) != 12 {
 			return nil, errCorrupt
 		}
@@ -138,7 +138,7 @@ func (e *Engine) Changes(ctx context.Context, mailbox store.ID, since uint64, li
 		if n := len(out); n > 0 && n >= limit && modseq != out[n-1].ModSeq {
 			break
 		}
-		if out, err = decodeChanges(out, modseq, binary.BigEndian.Uint32(k[8:]), it.value); err != nil {
+		if out, err = decodeChanges(out, modseq, binary.BigEndian.Uint32(k[8:]), it.Value()); err != nil {
 			return nil, err
 		}
 	}
@@ -195,14 +195,14 @@ func (t *txn) pruneExpunges(m *store.Mailbox, window uint64) error {
 	floor, read := to, 0
 	valid := it.First()
 	for ; valid; valid = it.Next() {
-		k := it.key
+		k := it.Key()
 		ms := binary.BigEndian.Uint64(k[1+len(m.ID):])
 		if read >= pruneBatch && ms != floor {
 			break
 		}
 		floor = ms
 		read++
-		if v := it.value; len(v) > 0 && store.ChangeKind(v[0]) == store.ChangeExpunged {
+		if v := it.Value(); len(v) > 0 && store.ChangeKind(v[0]) == store.ChangeExpunged {
 			t.del(append([]byte(nil), k...))
 		}
 	}

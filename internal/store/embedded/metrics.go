@@ -110,10 +110,10 @@ func (c pebbleCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descCacheMisses, float64(m.BlockCache.Misses))
 	gauge(descCacheBytes, float64(m.BlockCache.Size))
 	gauge(descMemtableBytes, float64(m.MemTable.Size))
-	o := c.e.pend.stats()
-	gauge(descOverlayBytes, float64(o.bytes))
-	counter(descOverlayRecords, float64(o.applied), "applied")
-	counter(descOverlayRecords, float64(o.cancelled), "cancelled")
+	o := c.e.pend.Stats()
+	gauge(descOverlayBytes, float64(o.Bytes))
+	counter(descOverlayRecords, float64(o.Applied), "applied")
+	counter(descOverlayRecords, float64(o.Cancelled), "cancelled")
 }
 
 // stallMeter counts Pebble's write stalls: while one lasts, every commit

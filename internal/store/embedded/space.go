@@ -261,7 +261,7 @@ func (e *Engine) Health() store.Health {
 	if err, noSpace := e.blog.Failure(); err != nil && !noSpace {
 		return store.Health{Failed: true, Reason: "body log failed, restart to recover: " + err.Error()}
 	}
-	if err := e.pend.err(); err != nil {
+	if err := e.pend.Err(); err != nil {
 		return store.Health{Failed: true, Reason: "checkpoint failed, restart to recover: " + err.Error()}
 	}
 	if reason, since := e.space.state(); !since.IsZero() {

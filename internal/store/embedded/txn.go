@@ -9,6 +9,7 @@ import (
 
 	"quill/internal/store"
 	"quill/internal/store/embedded/bodylog"
+	"quill/internal/store/embedded/overlay"
 )
 
 // txn is the view a transaction function has of the store: reads see the
@@ -35,7 +36,7 @@ type txn struct {
 	grouped map[string][]byte
 	// written is the group's point writes in order: what the overlay
 	// takes once the group is durable.
-	written []op
+	written []overlay.Write
 	// direct: the group deletes a key range, so it is applied to Pebble
 	// itself, after the overlay (checkpoint.go).
 	direct bool
@@ -131,7 +132,7 @@ func (t *txn) apply() {
 		if o.rangeEnd != nil {
 			continue
 		}
-		t.written = append(t.written, o)
+		t.written = append(t.written, overlay.Write{Key: o.key, Value: o.value, Del: o.del, Fresh: o.fresh})
 		v := o.value
 		if o.del {
 			v = nil
@@ -200,7 +201,7 @@ func (t *txn) get(k []byte) ([]byte, error) {
 // then Pebble; nil means absent. A range delete of the group follows a
 // checkpoint, so the overlay holds nothing in it.
 func (t *txn) committed(k []byte) ([]byte, error) {
-	if v, ok := t.e.pend.lookup(k); ok || t.rangeDeleted(k) {
+	if v, ok := t.e.pend.Lookup(k); ok || t.rangeDeleted(k) {
 		return v, nil
 	}
 	v, err := t.e.get(t.e.db, k)
@@ -310,13 +311,13 @@ func (t *txn) scan(p []byte, fn func(k, v []byte) error) error {
 	if err != nil {
 		return err
 	}
-	v := &view{it: it, ov: withAbove(nil, t.grouped, p, end)}
+	v := overlay.NewView(it, overlay.WithAbove(nil, t.grouped, p, end))
 	defer v.Close()
 	for ok := v.First(); ok; ok = v.Next() {
-		if !v.fromOv && t.rangeDeleted(v.key) {
+		if !v.FromOverlay() && t.rangeDeleted(v.Key()) {
 			continue
 		}
-		if err := fn(v.key, v.value); err != nil {
+		if err := fn(v.Key(), v.Value()); err != nil {
 			return err
 		}
 	}
