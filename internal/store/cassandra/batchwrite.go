@@ -475,7 +475,7 @@ func (b *Batches) SubmitBatch(ctx context.Context, bt *store.Batch) (func() erro
 	p.jobs = append(p.jobs, j)
 	b.mu.Unlock()
 	b.e.done.Add(1)
-	go b.writeRows(j)
+	runners.run(func() { b.writeRows(j) })
 	return j.wait, nil
 }
 
@@ -813,7 +813,7 @@ func (b *Batches) writeRows(j *bjob) {
 	if p := j.pipe; !p.writing && len(p.jobs) > 0 && p.jobs[0].rowsDone {
 		p.writing = true
 		b.e.done.Add(1)
-		go b.writeHeads(p)
+		runners.run(func() { b.writeHeads(p) })
 	}
 }
 
@@ -1016,11 +1016,12 @@ func runAll(n int, call func(i int) error) error {
 	return errors.Join(errs...)
 }
 
-// runners run runAll's calls on goroutines that wait for the next call
-// instead of exiting, up to maxIdleRunners of them: a call's query grows
-// its goroutine's stack, and a new goroutine per call grew one anew every
-// time (runtime.newstack, about 4% of a node's CPU). A waiting runner holds
-// what the collector leaves of its stack.
+// runners run a batch's writes (writeRows, writeHeads, runAll's calls) on
+// goroutines that wait for the next instead of exiting, up to
+// maxIdleRunners of them: a query grows its goroutine's stack, and a new
+// goroutine per write grew one anew every time (runtime.newstack, about 4%
+// of a node's CPU). A waiting runner holds what the collector leaves of its
+// stack.
 var runners = &runnerPool{work: make(chan func())}
 
 const maxIdleRunners = 64
