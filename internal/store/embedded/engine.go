@@ -358,23 +358,13 @@ func (e *Engine) runNow(fn func(*txn) error) error {
 // that the entries naming path and its ancestors are durable.
 func syncDirChain(fs vfs.FS, path string) error {
 	for dir := filepath.Dir(path); ; dir = filepath.Dir(dir) {
-		if err := syncDir(fs, dir); err != nil {
+		if err := bodylog.SyncDir(fs, dir); err != nil {
 			return err
 		}
 		if parent := filepath.Dir(dir); parent == dir {
 			return nil
 		}
 	}
-}
-
-// syncDir fsyncs a directory, making the entries in it durable.
-func syncDir(fs vfs.FS, dir string) error {
-	d, err := fs.OpenDir(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	return errors.Join(err, d.Close())
 }
 
 func (e *Engine) checkVersion() error {

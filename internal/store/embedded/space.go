@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"quill/internal/store"
+	"quill/internal/store/embedded/bodylog"
 )
 
 // A full disk (docs/adr/0013-full-disk.md). The engine's file system is
@@ -196,7 +197,7 @@ func (sp *space) makeReserve() error {
 	}
 	err = errors.Join(err, f.Sync(), f.Close())
 	if err == nil {
-		err = syncDir(sp.fs, sp.dir)
+		err = bodylog.SyncDir(sp.fs, sp.dir)
 	}
 	if err != nil {
 		sp.fs.Remove(name)

@@ -273,7 +273,7 @@ func (l *Log) rotate(id uint32, prevEnd int64) error {
 	binary.LittleEndian.PutUint32(h[12:16], crc32.Update(seed, crcTable, h[:12]))
 	err = errors.Join(write(w, h[:]), w.Sync())
 	if err == nil {
-		err = syncDir(l.fs, l.dir)
+		err = SyncDir(l.fs, l.dir)
 	}
 	var r vfs.File
 	if err == nil {
@@ -327,8 +327,8 @@ func write(w io.Writer, p []byte) error {
 	return err
 }
 
-// syncDir fsyncs a directory, making the entries in it durable.
-func syncDir(fs vfs.FS, dir string) error {
+// SyncDir fsyncs a directory, making the entries in it durable.
+func SyncDir(fs vfs.FS, dir string) error {
 	d, err := fs.OpenDir(dir)
 	if err != nil {
 		return err
