@@ -420,7 +420,11 @@ func (o *Owner) checkIsolated(view membership.View) {
 	case !o.isolated && was:
 		o.log.Info("cluster: in touch with the cluster again: renewing the lease", "reached", reached, "alive", alive)
 	}
-	o.m.isolated.Set(map[bool]float64{true: 1}[o.isolated])
+	if o.isolated {
+		o.m.isolated.Set(1)
+	} else {
+		o.m.isolated.Set(0)
+	}
 }
 
 // isolatedLocked reports whether view reaches at most a minority of the
