@@ -139,6 +139,12 @@ type ProxyProtocol struct {
 // Delivery configures local delivery.
 type Delivery struct {
 	SubaddressSeparator string `toml:"subaddress_separator"`
+	// DirectoryTTL is how long a node remembers a recipient's user record
+	// (delivery.Options.DirectoryTTL). Zero is the engine's default: 5 s
+	// on Cassandra, where each lookup is a read over the network, none on
+	// the embedded engine, whose lookups are local and cached coherently.
+	// A negative value turns it off.
+	DirectoryTTL Duration `toml:"directory_ttl"`
 }
 
 // Store selects and tunes the storage engine.

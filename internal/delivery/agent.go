@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -49,9 +50,14 @@ type Options struct {
 	LazySummaries bool
 	// Budget, if not nil, bounds the octets of bodies in flight: each
 	// body is charged as it is read and released when Deliver returns.
-	Budget     *Budget
-	Logger     *slog.Logger
-	Registerer prometheus.Registerer
+	Budget *Budget
+	// DirectoryTTL, if positive, is how long a recipient's user record
+	// is remembered (userCache): a change to a user or an alias then
+	// reaches this node's deliveries within it. Zero looks every
+	// recipient up.
+	DirectoryTTL time.Duration
+	Logger       *slog.Logger
+	Registerer   prometheus.Registerer
 }
 
 // inlineMax is the largest body delivered inline with its append
@@ -70,7 +76,8 @@ type Agent struct {
 	log     *slog.Logger
 	domains map[string]bool
 
-	inboxes sync.Map // user -> store.ID of its INBOX
+	inboxes sync.Map   // user -> store.ID of its INBOX
+	users   *userCache // nil: no DirectoryTTL
 
 	delivered *prometheus.CounterVec
 	bytes     prometheus.Counter
@@ -91,6 +98,9 @@ func NewAgent(st Store, opts Options) *Agent {
 			Name: "quill_delivered_bytes_total",
 			Help: "Bytes of message bodies stored by delivery (once per message, not per recipient).",
 		}),
+	}
+	if opts.DirectoryTTL > 0 {
+		a.users = &userCache{ttl: opts.DirectoryTTL, m: map[string]cachedUser{}}
 	}
 	for _, d := range opts.Domains {
 		a.domains[normalizeDomain(d)] = true
@@ -153,8 +163,25 @@ func (a *Agent) Resolve(ctx context.Context, rcpt mail.Address, opts ResolveOpti
 
 // user returns the user an address delivers to: the user of that address,
 // or an alias's target. The common case, a user's own address, costs one
-// store lookup.
+// store lookup, or none while the cache remembers it.
 func (a *Agent) user(ctx context.Context, addr string) (store.User, error) {
+	if a.users == nil {
+		return a.lookup(ctx, addr)
+	}
+	now := time.Now()
+	if u, ok := a.users.get(addr, now); ok {
+		return u, nil
+	}
+	u, err := a.lookup(ctx, addr)
+	if err == nil {
+		kept := u
+		kept.PasswordHash = "" // delivery never needs it
+		a.users.put(addr, kept, now)
+	}
+	return u, err
+}
+
+func (a *Agent) lookup(ctx context.Context, addr string) (store.User, error) {
 	u, err := a.st.GetUser(ctx, addr)
 	if errors.Is(err, store.ErrNotFound) {
 		target, rerr := a.st.Resolve(ctx, addr)

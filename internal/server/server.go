@@ -205,6 +205,7 @@ func (s *Server) Start() (err error) {
 		Domains:             cfg.Domains,
 		Hostname:            cfg.Hostname,
 		SubaddressSeparator: cfg.Delivery.SubaddressSeparator,
+		DirectoryTTL:        directoryTTL(cfg),
 		MaxMessageBytes:     cfg.Limits.MaxMessageBytes + 64<<10, // room for the trace fields
 		Logger:              s.log.With("component", "delivery"),
 		Registerer:          s.reg,

@@ -176,3 +176,17 @@ func ClaimClusterMode(ctx context.Context, e any, keyspace string) (string, erro
 	}
 	return "", nil
 }
+
+// directoryTTL is the delivery agent's directory cache lifetime
+// (config.Delivery.DirectoryTTL): zero picks the engine's default.
+func directoryTTL(cfg config.Config) time.Duration {
+	switch ttl := cfg.Delivery.DirectoryTTL.Duration; {
+	case ttl < 0:
+		return 0
+	case ttl > 0:
+		return ttl
+	case cfg.Store.Engine == "cassandra":
+		return 5 * time.Second
+	}
+	return 0
+}
