@@ -28,6 +28,15 @@ type Store interface {
 	Append(ctx context.Context, mailbox store.ID, msgs []store.NewMessage, opts store.AppendOptions) ([]store.Message, error)
 }
 
+// RoomKnower is a Store that may know, without reading anything, whether
+// a user has room for a message (usermgr.Manager, from the usage it keeps
+// of the users it manages): Resolve's quota check then costs no read of
+// the user's mailboxes (on Cassandra, one per mailbox). known false: read
+// the usage.
+type RoomKnower interface {
+	KnownRoom(user string, quota, size int64) (room, known bool)
+}
+
 // Options configure an Agent.
 type Options struct {
 	// Domains are the local domains; mail for any other domain is relay.
@@ -150,11 +159,18 @@ func (a *Agent) Resolve(ctx context.Context, rcpt mail.Address, opts ResolveOpti
 		if opts.Size > u.QuotaBytes {
 			return Recipient{}, ErrOverQuota
 		}
-		usage, err := a.st.Usage(ctx, u.Address)
-		if err != nil {
-			return Recipient{}, fmt.Errorf("delivery: usage of %s: %w", u.Address, err)
+		room, known := false, false
+		if k, ok := a.st.(RoomKnower); ok {
+			room, known = k.KnownRoom(u.Address, u.QuotaBytes, opts.Size)
 		}
-		if usage.Bytes >= u.QuotaBytes || usage.Bytes+opts.Size > u.QuotaBytes {
+		if !known {
+			usage, err := a.st.Usage(ctx, u.Address)
+			if err != nil {
+				return Recipient{}, fmt.Errorf("delivery: usage of %s: %w", u.Address, err)
+			}
+			room = usage.Bytes < u.QuotaBytes && usage.Bytes+opts.Size <= u.QuotaBytes
+		}
+		if !room {
 			return Recipient{}, ErrMailboxFull
 		}
 	}

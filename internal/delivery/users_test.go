@@ -16,7 +16,16 @@ import (
 // store beneath it.
 type countingStore struct {
 	Store
-	reads atomic.Int64
+	reads, usages atomic.Int64
+}
+
+func (c *countingStore) Usage(ctx context.Context, user string) (store.Usage, error) {
+	c.usages.Add(1)
+	return c.Store.Usage(ctx, user)
+}
+
+func (c *countingStore) KnownRoom(user string, quota, size int64) (room, known bool) {
+	return c.Store.(RoomKnower).KnownRoom(user, quota, size)
 }
 
 func (c *countingStore) GetUser(ctx context.Context, address string) (store.User, error) {
@@ -103,5 +112,34 @@ func TestUserCacheExpiresAndIsBounded(t *testing.T) {
 	c.put("c@x", store.User{}, t0.Add(2*time.Second))
 	if len(c.m) != 1 {
 		t.Errorf("a full cache of live entries holds %d after a put, want 1", len(c.m))
+	}
+}
+
+// A recipient with a quota whose usage the manager keeps costs no read of
+// the usage at RCPT time, and is refused from what the manager knows.
+func TestQuotaCheckFromTheManager(t *testing.T) {
+	plain, e := setup(t)
+	cs := &countingStore{Store: e}
+	a := NewAgent(cs, Options{Domains: plain.opts.Domains})
+	ctx := context.Background()
+	r, err := a.Resolve(ctx, addr(t, "bob@example.test"), ResolveOptions{Size: 60})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := cs.usages.Load(); n != 1 {
+		t.Fatalf("the first check read the usage %d times, want 1", n)
+	}
+	res, err := a.Deliver(ctx, Message{Recipients: []Recipient{r}, Body: strings.NewReader(strings.Repeat("x", 58) + "\r\n")})
+	if err != nil || res[0] != nil {
+		t.Fatal(err, res)
+	}
+	if _, err := a.Resolve(ctx, addr(t, "bob@example.test"), ResolveOptions{Size: 40}); err != nil {
+		t.Errorf("40 more octets beside 60 under a quota of 100: %v", err)
+	}
+	if _, err := a.Resolve(ctx, addr(t, "bob@example.test"), ResolveOptions{Size: 41}); !errors.Is(err, ErrMailboxFull) {
+		t.Errorf("41 more octets beside 60 under a quota of 100: %v, want ErrMailboxFull", err)
+	}
+	if n := cs.usages.Load(); n != 1 {
+		t.Errorf("checks after a delivery read the usage %d times in all, want 1", n)
 	}
 }

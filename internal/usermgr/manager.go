@@ -524,6 +524,35 @@ func (m *Manager) quotaRoom(ctx context.Context, u *user, total int64, known *in
 	return nil
 }
 
+// KnownRoom answers, from the usage the manager keeps, whether user has
+// room for size more octets under quota: usage below quota and usage plus
+// size within it, as a delivery's check at RCPT time reads it. The usage
+// counts the batches in flight. known is false when the manager does not
+// keep the user's usage under its current term (not kept, not read since
+// it was loaded or a batch failed, or not managed here now): the caller
+// then reads the usage from the store. It never reads the store itself,
+// nor keeps state for a user it did not have.
+func (m *Manager) KnownRoom(user string, quota, size int64) (room, known bool) {
+	m.mu.Lock()
+	u := m.userLocked(user)
+	if u != nil {
+		u.pins++
+	}
+	m.mu.Unlock()
+	if u == nil {
+		return false, false
+	}
+	u.mu.Lock()
+	defer m.unlock(u)
+	if u.usage == noUsage || m.failed(u) {
+		return false, false
+	}
+	if epoch, err := m.owner.Epoch(user); err != nil || epoch != u.epoch {
+		return false, false
+	}
+	return u.usage < quota && u.usage+size <= quota, true
+}
+
 // addUsage accounts a submitted batch's usage change, if the usage is
 // known.
 func (u *user) addUsage(d store.Usage) {

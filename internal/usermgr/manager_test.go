@@ -566,3 +566,51 @@ func TestUnknownOutcomeReloads(t *testing.T) {
 	}
 	checkStore(t, e)
 }
+
+// KnownRoom answers from the usage the manager keeps, and only while it
+// keeps it under the current term: not for a user whose usage it never
+// read, nor after the term changed or the user left this node.
+func TestKnownRoom(t *testing.T) {
+	e := openEngine(t)
+	var o epochOwner
+	o.epoch.Store(3)
+	m := New(e, Options{Owner: &o})
+	defer m.Close()
+	mb := inbox(t, m, "a@x", 1000)
+	if _, known := m.KnownRoom("a@x", 1000, 10); known {
+		t.Fatal("room known before any usage was read")
+	}
+	if _, err := m.Append(ctx(), mb.ID, []store.NewMessage{body(strings.Repeat("x", 600))}, store.AppendOptions{CheckQuota: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		size int64
+		room bool
+	}{{0, true}, {400, true}, {401, false}} {
+		if room, known := m.KnownRoom("a@x", 1000, tc.size); !known || room != tc.room {
+			t.Errorf("KnownRoom(size %d) = %v, %v; want %v, true", tc.size, room, known, tc.room)
+		}
+	}
+	if room, known := m.KnownRoom("a@x", 600, 0); !known || room {
+		t.Errorf("a user exactly at her quota: room %v, known %v; want no room", room, known)
+	}
+	if _, known := m.KnownRoom("b@x", 1000, 10); known || m.kept("b@x") {
+		t.Error("room known, or state kept, for a user never written")
+	}
+	// An expunge lowers the usage kept.
+	if _, _, err := m.Expunge(ctx(), mb.ID, []uint32{1}); err != nil {
+		t.Fatal(err)
+	}
+	if room, known := m.KnownRoom("a@x", 1000, 1000); !known || !room {
+		t.Errorf("after the expunge: room %v, known %v; want room", room, known)
+	}
+	o.epoch.Store(4)
+	if _, known := m.KnownRoom("a@x", 1000, 10); known {
+		t.Error("room known from a previous term")
+	}
+	o.epoch.Store(3)
+	o.deny.Store(true)
+	if _, known := m.KnownRoom("a@x", 1000, 10); known {
+		t.Error("room known for a user not managed here")
+	}
+}

@@ -174,6 +174,17 @@ func (s *Store) userOf(ctx context.Context, mailbox store.ID) (string, error) {
 	return mb.User, nil
 }
 
+// KnownRoom is the local manager's (delivery.RoomKnower): it knows the
+// usage of the users this node manages, and of no other.
+func (s *Store) KnownRoom(user string, quota, size int64) (room, known bool) {
+	if k, ok := s.Local.(interface {
+		KnownRoom(user string, quota, size int64) (room, known bool)
+	}); ok {
+		return k.KnownRoom(user, quota, size)
+	}
+	return false, false
+}
+
 // route runs a write of user's: local while this node manages user, else
 // remote against the manager's client, retrying refusals until the bound.
 func (s *Store) route(ctx context.Context, op, user string, bound time.Duration, local func(context.Context) error,

@@ -184,6 +184,18 @@ func TestWritesReachTheManager(t *testing.T) {
 				t.Fatalf("body read back %q, want %q", read, body)
 			}
 		}
+		// The manager knows the user's usage from the quota checks of the
+		// appends; the other node does not, and says so.
+		mgr, other := a, b
+		if _, err := a.c.Owner().Epoch(u); err != nil {
+			mgr, other = b, a
+		}
+		if room, known := mgr.fs.KnownRoom(u, 1<<20, 1000); !known || !room {
+			t.Fatalf("KnownRoom(%s) at its manager = %v, %v; want room, known", u, room, known)
+		}
+		if _, known := other.fs.KnownRoom(u, 1<<20, 1000); known {
+			t.Fatalf("KnownRoom(%s) on a node that does not manage it: known", u)
+		}
 		res, err := b.fs.SetFlags(ctx, inbox.ID, store.FlagChange{UIDs: []uint32{1, 2}, Op: store.FlagsAdd, Flags: []string{store.FlagSeen}})
 		if err != nil || len(res.Changed) != 2 {
 			t.Fatalf("SetFlags for %s via b = %+v, %v", u, res, err)
