@@ -12,8 +12,8 @@ import (
 	"quill/internal/store"
 )
 
-// countingStore counts the directory reads delivery makes of the real
-// store beneath it.
+// countingStore counts the reads of users and of usage that delivery makes
+// of the real store beneath it.
 type countingStore struct {
 	Store
 	reads, usages atomic.Int64
