@@ -191,17 +191,20 @@ type failing struct{ err error }
 
 func (f failing) Read([]byte) (int, error) { return 0, f.err }
 
+// deliverOne delivers a short message to r and returns its result.
+func deliverOne(a *Agent, r Recipient) error {
+	res, err := a.Deliver(context.Background(), Message{Recipients: []Recipient{r}, Body: strings.NewReader("x\r\n")})
+	if err != nil {
+		return err
+	}
+	return res[0]
+}
+
 func TestDeliverAfterUserRecreated(t *testing.T) {
 	a, e := setup(t)
 	ctx := context.Background()
 	r, _ := a.Resolve(ctx, addr(t, "alice@example.test"), ResolveOptions{})
-	deliver := func() error {
-		res, err := a.Deliver(ctx, Message{Recipients: []Recipient{r}, Body: strings.NewReader("x\r\n")})
-		if err != nil {
-			return err
-		}
-		return res[0]
-	}
+	deliver := func() error { return deliverOne(a, r) }
 	if err := deliver(); err != nil {
 		t.Fatal(err)
 	}

@@ -66,13 +66,7 @@ func TestDirectoryCache(t *testing.T) {
 
 	// A user deleted while remembered resolves from the cache, but her
 	// mail is refused, not stored, whether or not her INBOX is cached.
-	deliver := func() error {
-		res, err := a.Deliver(ctx, Message{Recipients: []Recipient{r}, Body: strings.NewReader("x\r\n")})
-		if err != nil {
-			return err
-		}
-		return res[0]
-	}
+	deliver := func() error { return deliverOne(a, r) }
 	if err := deliver(); err != nil {
 		t.Fatal(err)
 	}
