@@ -44,6 +44,7 @@ func run() error {
 	size := flag.Int("size", 4700, "value size in octets")
 	concurrency := flag.Int("concurrency", 32, "writers")
 	duration := flag.Duration("duration", 20*time.Second, "measured time")
+	conns := flag.Int("conns", 1, "connections per host (Quill's default, store.cassandra.connections_per_host)")
 	flag.Parse()
 	if *hosts == "" || !benchKeyspace.MatchString(*ks) || *size <= 0 || *concurrency <= 0 || *duration <= 0 {
 		return errors.New("usage: cassinsert --hosts HOST:PORT[,...] --keyspace bench_... [--rf N] [--size N] [--concurrency N] [--duration D]")
@@ -67,6 +68,7 @@ func run() error {
 	c.Keyspace = *ks
 	c.Consistency = gocql.LocalQuorum
 	c.Timeout = 10 * time.Second
+	c.NumConns = *conns
 	s, err := c.CreateSession()
 	if err != nil {
 		return err

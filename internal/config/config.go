@@ -183,6 +183,9 @@ type Cassandra struct {
 	// shared by every node: renewed every third of it (one LWT) while the
 	// session lives, it keeps a dead node's maildrops locked this long.
 	MaildropLease Duration `toml:"maildrop_lease"`
+	// ConnectionsPerHost is the driver's connections to each Cassandra
+	// host (cassandra.Options.ConnsPerHost; 0: the default, 1).
+	ConnectionsPerHost int `toml:"connections_per_host"`
 	// TLS to Cassandra: on when TLS is true; CAFile verifies the servers,
 	// CertFile/KeyFile authenticate Quill to them.
 	TLS        bool   `toml:"tls"`
@@ -553,6 +556,9 @@ func validateCassandra(c Cassandra, bad func(string, ...any)) {
 	}
 	if c.IdlePoll.Duration < 100*time.Millisecond {
 		bad("store.cassandra.idle_poll must be at least 100ms")
+	}
+	if c.ConnectionsPerHost < 0 || c.ConnectionsPerHost > 16 {
+		bad("store.cassandra.connections_per_host must be 0 (the default, 1) to 16")
 	}
 	if c.MaildropLease.Duration < 3*time.Second || c.MaildropLease.Duration%time.Second != 0 {
 		bad("store.cassandra.maildrop_lease must be whole seconds, at least 3s (a CQL TTL, renewed every third)")

