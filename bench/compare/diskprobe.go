@@ -18,7 +18,7 @@ import (
 // milliseconds measured the machine's disk, not the server: on shared
 // hosts such rounds came with the durable servers using a third of their
 // usual CPU ("What the mix costs before any storage" in
-// docs/performance.md). At 20 syncs a second the probe adds next to
+// docs/adr/0019-performance-record.md). At 20 syncs a second the probe adds next to
 // nothing to the servers' thousand or more.
 type diskProbe struct {
 	f     *os.File

@@ -33,7 +33,7 @@
 // stores mail first runs the mix for that long, unmeasured, so that the
 // rounds see it in steady state. Everything binds loopback ports
 // chosen at run time, lives under one temporary directory, and is stopped
-// on the way out, failure or not. See docs/performance.md.
+// on the way out, failure or not. See docs/benchmark-harness.md.
 package main
 
 import (
