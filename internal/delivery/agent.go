@@ -85,7 +85,7 @@ type Agent struct {
 	log     *slog.Logger
 	domains map[string]bool
 
-	inboxes sync.Map   // user -> store.ID of its INBOX
+	inboxes inboxCache
 	users   *userCache // nil: no DirectoryTTL
 
 	delivered *prometheus.CounterVec
@@ -362,7 +362,7 @@ func (a *Agent) appendInbox(ctx context.Context, r Recipient, nm store.NewMessag
 			return ErrMailboxFull
 		case errors.Is(err, store.ErrNotFound) && attempt == 0:
 			// The user was deleted and re-created since the INBOX was cached.
-			a.inboxes.Delete(user)
+			a.inboxes.forget(user)
 		default:
 			return fmt.Errorf("delivery: appending for %s: %w", user, err)
 		}
@@ -370,8 +370,8 @@ func (a *Agent) appendInbox(ctx context.Context, r Recipient, nm store.NewMessag
 }
 
 func (a *Agent) inbox(ctx context.Context, user string) (store.ID, error) {
-	if id, ok := a.inboxes.Load(user); ok {
-		return id.(store.ID), nil
+	if id, ok := a.inboxes.get(user); ok {
+		return id, nil
 	}
 	m, err := a.st.GetMailbox(ctx, user, "INBOX")
 	if errors.Is(err, store.ErrNotFound) {
@@ -380,6 +380,6 @@ func (a *Agent) inbox(ctx context.Context, user string) (store.ID, error) {
 	if err != nil {
 		return store.ID{}, fmt.Errorf("delivery: INBOX of %s: %w", user, err)
 	}
-	a.inboxes.Store(user, m.ID)
+	a.inboxes.put(user, m.ID)
 	return m.ID, nil
 }
