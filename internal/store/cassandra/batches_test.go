@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -387,5 +388,65 @@ func TestChangesSeeTheirHead(t *testing.T) {
 				t.Fatalf("changes at the head read before the flag change = %+v; addition of UID 1 seen: %v, want %v", out, seen, tc.seen)
 			}
 		})
+	}
+}
+
+// TestReferencedBlobsAreUnmarked: the pending marks of bodies stored by
+// PutBlob (a forwarded delivery's, an APPEND's) go once a batch that
+// references them is written, many per statement; a body no batch
+// references keeps its mark for the reclaimer.
+func TestReferencedBlobsAreUnmarked(t *testing.T) {
+	ctx := context.Background()
+	e := openTest(t, newKeyspace(t))
+	defer e.Close()
+	b := e.Batches()
+	const user = "u@example.test"
+	if err := b.CreateUser(ctx, store.User{Address: user}); err != nil {
+		t.Fatal(err)
+	}
+	inbox, err := b.GetMailbox(ctx, user, "INBOX")
+	if err != nil {
+		t.Fatal(err)
+	}
+	marked := func(id store.ID) bool {
+		t.Helper()
+		n := 0
+		if err := e.s.Query(`SELECT COUNT(*) FROM pending_blobs WHERE shard = ? AND id = ?`, blobShard(id), id[:]).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	}
+	put := func(body string) store.ID {
+		t.Helper()
+		id, _, err := b.PutBlob(ctx, strings.NewReader(body), int64(len(body)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !marked(id) {
+			t.Fatalf("blob %s stored without its pending mark", id)
+		}
+		return id
+	}
+	var msgs []store.NewMessage
+	for i := range 40 { // more than one blob in some shards
+		body := fmt.Sprintf("message %d", i)
+		msgs = append(msgs, store.NewMessage{Blob: put(body), Size: int64(len(body)), FreshBlob: true})
+	}
+	orphan := put("never delivered")
+	m := usermgr.New(b, usermgr.Options{})
+	if _, err := m.Append(ctx, inbox.ID, msgs[:1], store.AppendOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Append(ctx, inbox.ID, msgs[1:], store.AppendOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	collectDue(t, b.gc)
+	for i, nm := range msgs {
+		if marked(nm.Blob) {
+			t.Errorf("message %d: its blob is still marked pending after its batch", i)
+		}
+	}
+	if !marked(orphan) {
+		t.Error("a blob no message references lost its pending mark")
 	}
 }

@@ -47,7 +47,13 @@ const (
 	gcExpunged
 	// gcPrune: the expunge floor rose from from to to.
 	gcPrune
-	// gcUnmark: blob, stored by PutBlob, is referenced.
+	// gcUnmark: blob, stored by PutBlob, is referenced. It needs no
+	// read-back of the head: it is queued once its batch's head was
+	// acknowledged, so the blob_refs row the batch wrote is durable, and
+	// nothing but the blob's release deletes that row; from then on the
+	// reclaimer (reclaimPending) would only delete the mark and keep the
+	// blob, whatever became of the batch. A round deletes the marks of a
+	// shard together.
 	gcUnmark
 )
 
@@ -65,6 +71,9 @@ type gcItem struct {
 	blob    store.ID
 	due     time.Time // not collected before
 }
+
+// maxUnmarks bounds the pending marks one statement deletes.
+const maxUnmarks = 256
 
 // defaultGrace is Batches.grace: far beyond any reader's run.
 const defaultGrace = 20 * time.Second
@@ -223,8 +232,13 @@ func (c *collector) loop() {
 func (c *collector) round(ctx context.Context, items []gcItem) {
 	by := map[store.ID][]gcItem{}
 	var order []store.ID
+	unmarks := map[int][][]byte{} // shard -> blobs
 	c.mu.Lock()
 	for _, it := range items {
+		if it.kind == gcUnmark {
+			unmarks[blobShard(it.blob)] = append(unmarks[blobShard(it.blob)], it.blob[:])
+			continue
+		}
 		if c.gone[it.mailbox] {
 			continue
 		}
@@ -238,6 +252,22 @@ func (c *collector) round(ctx context.Context, items []gcItem) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	released := map[store.ID]gcItem{} // blob -> one of the holders let go
+	for shard, blobs := range unmarks {
+		for len(blobs) > 0 {
+			n := min(len(blobs), maxUnmarks)
+			ids := blobs[:n]
+			blobs = blobs[n:]
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				if err := c.b.e.write(ctx, `DELETE FROM pending_blobs WHERE shard = ? AND id IN ?`, shard, ids).Exec(); err != nil {
+					c.b.log.Warn("unmarking blobs; the reclaimer will", "blobs", len(ids), "err", wrap("unmarking blobs", err))
+				}
+			}()
+		}
+	}
 	for _, id := range order {
 		wg.Add(1)
 		sem <- struct{}{}
@@ -352,22 +382,19 @@ func (c *collector) mailbox(ctx context.Context, id store.ID, items []gcItem) ([
 }
 
 func (c *collector) collect(ctx context.Context, id store.ID, it gcItem) error {
-	e := c.b.e
-	switch it.kind {
-	case gcSuperseded:
-		// The version rows from the superseded one up to the new one
-		// (versions a fenced batch left in between go too), then the
-		// superseded change log entry.
-		if err := e.write(ctx, `DELETE FROM bmessages USING TIMESTAMP ? WHERE mailbox = ? AND bucket = ? AND uid = ? AND modseq >= ? AND modseq < ?`,
-			it.ts, id[:], bucketOf(uint64(it.uid)), int64(it.uid), int64(max(it.prev, 1)), int64(it.modseq)).Exec(); err != nil {
-			return wrap("collecting superseded versions", err)
-		}
-		return wrap("collecting a superseded change", e.write(ctx, `DELETE FROM bchanges USING TIMESTAMP ? WHERE mailbox = ? AND bucket = ? AND section = 0 AND modseq = ? AND uid = ?`,
-			it.ts, id[:], bucketOf(it.prev), int64(it.prev), int64(it.uid)).Exec())
-	case gcUnmark:
-		return wrap("unmarking blob", e.write(ctx, `DELETE FROM pending_blobs WHERE shard = ? AND id = ?`, blobShard(it.blob), it.blob[:]).Exec())
+	if it.kind != gcSuperseded {
+		return nil
 	}
-	return nil
+	// The version rows from the superseded one up to the new one (versions
+	// a fenced batch left in between go too), then the superseded change
+	// log entry.
+	e := c.b.e
+	if err := e.write(ctx, `DELETE FROM bmessages USING TIMESTAMP ? WHERE mailbox = ? AND bucket = ? AND uid = ? AND modseq >= ? AND modseq < ?`,
+		it.ts, id[:], bucketOf(uint64(it.uid)), int64(it.uid), int64(max(it.prev, 1)), int64(it.modseq)).Exec(); err != nil {
+		return wrap("collecting superseded versions", err)
+	}
+	return wrap("collecting a superseded change", e.write(ctx, `DELETE FROM bchanges USING TIMESTAMP ? WHERE mailbox = ? AND bucket = ? AND section = 0 AND modseq = ? AND uid = ?`,
+		it.ts, id[:], bucketOf(it.prev), int64(it.prev), int64(it.uid)).Exec())
 }
 
 // expunged deletes an expunged message's rows, then its last change log

@@ -885,13 +885,13 @@ func (b *Batches) writeHeads(p *bpipe) {
 					w.m.durable, w.m.dn = w.vals, w.n
 				}
 			}
+			// The garbage is queued before the batches are acknowledged,
+			// so that a caller that waits for the collector sees it.
 			for _, j := range group {
+				b.gc.add(j.gc)
 				b.finishLocked(j, nil)
 			}
 			p.jobs = p.jobs[len(group):]
-			for _, j := range group {
-				b.gc.add(j.gc)
-			}
 		}
 		if err != nil || failed != nil {
 			// The batch that failed (the first of the group whose heads
