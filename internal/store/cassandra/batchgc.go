@@ -263,7 +263,7 @@ func (c *collector) round(ctx context.Context, items []gcItem) {
 				defer wg.Done()
 				defer func() { <-sem }()
 				if err := c.b.e.write(ctx, `DELETE FROM pending_blobs WHERE shard = ? AND id IN ?`, shard, ids).Exec(); err != nil {
-					c.b.log.Warn("unmarking blobs; the reclaimer will", "blobs", len(ids), "err", wrap("unmarking blobs", err))
+					c.b.log.Warn("unmarking blobs failed; the reclaimer removes their marks later", "blobs", len(ids), "err", wrap("unmarking blobs", err))
 				}
 			}()
 		}
