@@ -45,10 +45,14 @@ import (
 
 // Bounds on how long the harness waits for the child process. They are
 // generous for a -race build on two loaded cores; reaching one is a failure.
+// The first start on a fresh Cassandra keyspace, or `quill cluster init`,
+// creates the schema: on the 3-node cluster each statement waits for the
+// nodes to agree, 37 s in all on a lightly loaded machine, and more than a
+// minute was seen under CI's load.
 const (
-	startTimeout = 60 * time.Second // until the --print-listeners line
+	startTimeout = 3 * time.Minute  // until the --print-listeners line
 	stopTimeout  = 30 * time.Second // SIGTERM drain until exit
-	cliTimeout   = 60 * time.Second // one `quill user|alias|check` run
+	cliTimeout   = 3 * time.Minute  // one `quill user|alias|check|cluster` run
 	killTimeout  = 10 * time.Second // SIGKILL until Wait returns
 )
 
