@@ -85,8 +85,8 @@ type Agent struct {
 	log     *slog.Logger
 	domains map[string]bool
 
-	inboxes inboxCache
-	users   *userCache // nil: no DirectoryTTL
+	inboxes *store.InboxIDs // users' INBOXes, until an append to one fails
+	users   *userCache      // nil: no DirectoryTTL
 
 	delivered *prometheus.CounterVec
 	bytes     prometheus.Counter
@@ -98,7 +98,7 @@ func NewAgent(st Store, opts Options) *Agent {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	a := &Agent{
-		st: st, opts: opts, log: opts.Logger, domains: map[string]bool{},
+		st: st, opts: opts, log: opts.Logger, domains: map[string]bool{}, inboxes: store.NewInboxIDs(maxInboxes),
 		delivered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quill_deliveries_total",
 			Help: "Per-recipient delivery outcomes (ok, over_quota, unknown: stored or not, error).",
@@ -362,7 +362,7 @@ func (a *Agent) appendInbox(ctx context.Context, r Recipient, nm store.NewMessag
 			return ErrMailboxFull
 		case errors.Is(err, store.ErrNotFound) && attempt == 0:
 			// The user was deleted and re-created since the INBOX was cached.
-			a.inboxes.forget(user)
+			a.inboxes.Forget(user)
 		default:
 			return fmt.Errorf("delivery: appending for %s: %w", user, err)
 		}
@@ -370,7 +370,7 @@ func (a *Agent) appendInbox(ctx context.Context, r Recipient, nm store.NewMessag
 }
 
 func (a *Agent) inbox(ctx context.Context, user string) (store.ID, error) {
-	if id, ok := a.inboxes.get(user); ok {
+	if id, ok := a.inboxes.Get(user); ok {
 		return id, nil
 	}
 	m, err := a.st.GetMailbox(ctx, user, "INBOX")
@@ -380,6 +380,6 @@ func (a *Agent) inbox(ctx context.Context, user string) (store.ID, error) {
 	if err != nil {
 		return store.ID{}, fmt.Errorf("delivery: INBOX of %s: %w", user, err)
 	}
-	a.inboxes.put(user, m.ID)
+	a.inboxes.Put(user, m.ID)
 	return m.ID, nil
 }

@@ -56,43 +56,5 @@ func (c *userCache) put(addr string, u store.User, now time.Time) {
 	c.m[addr] = cachedUser{u: u, exp: now.Add(c.ttl)}
 }
 
-// maxInboxes bounds inboxCache (about 60 B an entry: 16 MiB when full).
+// maxInboxes bounds Agent.inboxes (about 60 B an entry: 16 MiB when full).
 const maxInboxes = 1 << 18
-
-// inboxCache maps users to their INBOX's ID, which never changes while
-// the user exists (a user deleted and created again is noticed by the
-// append that fails, Agent.appendInbox). It is bounded: when full, a new
-// entry displaces an arbitrary one, so a server with more recipients than
-// the bound reads some INBOX IDs again rather than growing without end.
-type inboxCache struct {
-	mu sync.RWMutex
-	m  map[string]store.ID
-}
-
-func (c *inboxCache) get(user string) (store.ID, bool) {
-	c.mu.RLock()
-	id, ok := c.m[user]
-	c.mu.RUnlock()
-	return id, ok
-}
-
-func (c *inboxCache) put(user string, id store.ID) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m == nil {
-		c.m = make(map[string]store.ID)
-	}
-	if _, ok := c.m[user]; !ok && len(c.m) >= maxInboxes {
-		for k := range c.m { // map order: an arbitrary victim
-			delete(c.m, k)
-			break
-		}
-	}
-	c.m[user] = id
-}
-
-func (c *inboxCache) forget(user string) {
-	c.mu.Lock()
-	delete(c.m, user)
-	c.mu.Unlock()
-}

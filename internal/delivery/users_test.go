@@ -137,26 +137,3 @@ func TestQuotaCheckFromTheManager(t *testing.T) {
 		t.Errorf("checks after a delivery read the usage %d times in all, want 1", n)
 	}
 }
-
-func TestInboxCacheIsBounded(t *testing.T) {
-	var c inboxCache
-	id := func(i int) store.ID { var x store.ID; x[0], x[1], x[2] = byte(i), byte(i>>8), byte(i>>16); return x }
-	for i := range maxInboxes + 100 {
-		c.put(strconv.Itoa(i)+"@x", id(i))
-		if got, ok := c.get(strconv.Itoa(i) + "@x"); !ok || got != id(i) {
-			t.Fatalf("entry %d just put: %v, %v", i, got, ok)
-		}
-	}
-	if len(c.m) != maxInboxes {
-		t.Errorf("cache holds %d entries, want the bound %d", len(c.m), maxInboxes)
-	}
-	last := strconv.Itoa(maxInboxes+99) + "@x"
-	c.forget(last)
-	if _, ok := c.get(last); ok {
-		t.Error("a forgotten entry is still served")
-	}
-	c.put("new@x", id(1)) // room again: nothing displaced
-	if len(c.m) != maxInboxes {
-		t.Errorf("after a forget and a put: %d entries, want %d", len(c.m), maxInboxes)
-	}
-}

@@ -136,7 +136,17 @@ type Engine struct {
 	// txn is the committer's, reused by every group (commitGroup).
 	txn *txn
 	// inboxes is GetMailbox's memory of where users' INBOXes are.
-	inboxes inboxHints
+	// inboxes remembers the ID of users' INBOXes for GetMailbox, which every
+	// POP3 login calls: the name record it spares is never in a cache (only
+	// the committer's records are) and rarely in a memtable, so its lookup
+	// searched every memtable and level. An entry is a hint, filled by any
+	// reader and never invalidated: GetMailbox reads the mailbox record it
+	// names anyway, and uses it only if that record is still the user's
+	// INBOX. That check suffices because mailbox IDs are never reused and an
+	// INBOX is neither renamed nor deleted while its user exists: a record
+	// that names the user and INBOX is the user's current INBOX. Otherwise
+	// (the user deleted, or deleted and re-created) the name record decides.
+	inboxes *store.InboxIDs
 	// pend holds durable writes not yet applied to Pebble (checkpoint.go).
 	pend     *overlay.Overlay
 	ckptWake chan struct{}
@@ -251,7 +261,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 		quit:     make(chan struct{}),
 		fence:    make(map[store.ID]store.Mailbox),
 		hot:      newHotCache(hotCacheEntries),
-		inboxes:  inboxHints{max: hotCacheEntries},
+		inboxes:  store.NewInboxIDs(hotCacheEntries),
 		users:    newBounded[string, decodedUser](hotCacheEntries),
 		blobs:    newBlobCache(blobCacheEntries),
 		lists:    newListCache(opts.ListCacheBytes),

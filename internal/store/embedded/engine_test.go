@@ -595,7 +595,7 @@ func TestInboxHints(t *testing.T) {
 	e := open(t, t.TempDir())
 	defer e.Close()
 	old := userInbox(t, e, "a@example.test")
-	if id, ok := e.inboxes.get("a@example.test"); !ok || id != old.ID {
+	if id, ok := e.inboxes.Get("a@example.test"); !ok || id != old.ID {
 		t.Fatalf("hint after GetMailbox = %v %v, want %v", id, ok, old.ID)
 	}
 	if err := e.DeleteUser(ctx, "a@example.test"); err != nil {
@@ -607,7 +607,7 @@ func TestInboxHints(t *testing.T) {
 	if err := e.CreateUser(ctx, store.User{Address: "a@example.test"}); err != nil {
 		t.Fatal(err)
 	}
-	e.inboxes.put("a@example.test", old.ID)
+	e.inboxes.Put("a@example.test", old.ID)
 	got, err := e.GetMailbox(ctx, "a@example.test", "inbox")
 	if err != nil || got.ID == old.ID || got.Name != "INBOX" || got.User != "a@example.test" {
 		t.Fatalf("INBOX of the re-created user = %+v, %v; want a new one", got, err)
@@ -618,7 +618,7 @@ func TestInboxHints(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, wrong := range []store.ID{other.ID, sent.ID} {
-		e.inboxes.put("a@example.test", wrong)
+		e.inboxes.Put("a@example.test", wrong)
 		if m, err := e.GetMailbox(ctx, "a@example.test", "INBOX"); err != nil || m.ID != got.ID {
 			t.Fatalf("with a hint naming %v: %+v, %v; want %v", wrong, m, err, got.ID)
 		}

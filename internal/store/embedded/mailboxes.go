@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -65,7 +64,7 @@ func (e *Engine) GetMailbox(ctx context.Context, user, name string) (store.Mailb
 		return store.Mailbox{}, err
 	}
 	if name == "INBOX" {
-		if id, ok := e.inboxes.get(user); ok {
+		if id, ok := e.inboxes.Get(user); ok {
 			if m, err := e.GetMailboxByID(ctx, id); err == nil && m.User == user && m.Name == "INBOX" {
 				return m, nil
 			}
@@ -79,47 +78,9 @@ func (e *Engine) GetMailbox(ctx context.Context, user, name string) (store.Mailb
 	copy(id[:], v)
 	m, err := e.GetMailboxByID(ctx, id)
 	if err == nil && name == "INBOX" {
-		e.inboxes.put(user, id)
+		e.inboxes.Put(user, id)
 	}
 	return m, err
-}
-
-// inboxHints remembers the ID of users' INBOXes for GetMailbox, which every
-// POP3 login calls: the name record it spares is never in a cache (only
-// the committer's records are) and rarely in a memtable, so its lookup
-// searched every memtable and level. An entry is a hint, filled by any
-// reader and never invalidated: GetMailbox reads the mailbox record it
-// names anyway, and uses it only if that record is still the user's
-// INBOX. That check suffices because mailbox IDs are never reused and an
-// INBOX is neither renamed nor deleted while its user exists: a record
-// that names the user and INBOX is the user's current INBOX. Otherwise
-// (the user deleted, or deleted and re-created) the name record decides.
-type inboxHints struct {
-	mu  sync.RWMutex
-	m   map[string]store.ID
-	max int
-}
-
-func (h *inboxHints) get(user string) (store.ID, bool) {
-	h.mu.RLock()
-	id, ok := h.m[user]
-	h.mu.RUnlock()
-	return id, ok
-}
-
-func (h *inboxHints) put(user string, id store.ID) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.m == nil {
-		h.m = make(map[string]store.ID)
-	}
-	if _, ok := h.m[user]; !ok && len(h.m) >= h.max {
-		for old := range h.m { // map order: a pseudo-random victim
-			delete(h.m, old)
-			break
-		}
-	}
-	h.m[user] = id
 }
 
 func (e *Engine) GetMailboxByID(ctx context.Context, id store.ID) (store.Mailbox, error) {
