@@ -29,7 +29,12 @@ type Batch struct {
 	// mailbox the batch adds to, flags in or expunges from has one entry.
 	Heads []HeadChange
 	// Added are new messages, each recorded in its mailbox's change log
-	// as added at its ModSeq.
+	// as added at its ModSeq. The messages of one mailbox are listed in
+	// ascending UID order, and their MODSEQs do not decrease: with the
+	// heads moving forward, a mailbox's added MODSEQs then never decrease
+	// as its UIDs increase, which an engine may rely on to find the
+	// messages added after a MODSEQ by their UIDs (the Cassandra engine
+	// keeps no change log entry for an addition).
 	Added []AddedMessage
 	// Flagged rewrites the flags of existing messages; each message's
 	// change log entry moves from PrevModSeq to ModSeq.
@@ -95,8 +100,8 @@ type ExpungedMessage struct {
 
 // Validate reports, as ErrInvalid, a Batch no manager should build: a
 // write to a mailbox without a head change, a message beyond its head's
-// UIDNext or MODSEQ, an inline body of the wrong size. Engines call it
-// before applying a batch.
+// UIDNext or MODSEQ, additions to a mailbox out of order, an inline body of
+// the wrong size. Engines call it before applying a batch.
 func (b *Batch) Validate() error {
 	heads := make(map[ID]HeadChange, len(b.Heads))
 	for _, h := range b.Heads {
@@ -115,10 +120,19 @@ func (b *Batch) Validate() error {
 		}
 		return nil
 	}
+	type added struct {
+		uid    uint32
+		modseq uint64
+	}
+	last := map[ID]added{}
 	for _, a := range b.Added {
 		if err := within(a.Mailbox, a.Message.UID, a.Message.ModSeq); err != nil {
 			return err
 		}
+		if p, ok := last[a.Mailbox]; ok && (a.Message.UID <= p.uid || a.Message.ModSeq < p.modseq) {
+			return fmt.Errorf("%w: batch: message %d (MODSEQ %d) added after message %d (MODSEQ %d)", ErrInvalid, a.Message.UID, a.Message.ModSeq, p.uid, p.modseq)
+		}
+		last[a.Mailbox] = added{a.Message.UID, a.Message.ModSeq}
 		if a.Message.Blob.IsZero() || (a.Body != nil && int64(len(a.Body)) != a.Message.Size) {
 			return fmt.Errorf("%w: batch: message %d without a blob or with a body of the wrong size", ErrInvalid, a.Message.UID)
 		}

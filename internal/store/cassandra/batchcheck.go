@@ -13,7 +13,9 @@ import (
 //   - each mailbox name points at a mailbox of that user and name;
 //   - each mailbox has as many messages, of as many bytes, as its head
 //     says, every UID below UIDNEXT, every MODSEQ at most HIGHESTMODSEQ,
-//     each present message's latest version in the change log, no
+//     added MODSEQs that never decrease as UIDs increase (Changes derives
+//     additions from them, batchadded.go), each present message's latest
+//     flag version in the change log, no
 //     expunge entry at or below the expunge floor, the floor at most
 //     HIGHESTMODSEQ, and no version left that the collector should have
 //     deleted (a superseded version, an expunged message);
@@ -88,6 +90,8 @@ func (b *Batches) Check(ctx context.Context) ([]string, error) {
 	present := map[ref]store.ID{} // message -> its blob
 	for id, h := range heads {
 		var count, size int64
+		var prevUID uint32
+		var prevAdded uint64
 		for bk := 0; int64(bk)<<bucketBits < int64(h.UIDNext); bk++ {
 			from := int64(bk) << bucketBits
 			for {
@@ -99,9 +103,17 @@ func (b *Batches) Check(ctx context.Context) ([]string, error) {
 				if err != nil {
 					return nil, fmt.Errorf("mailbox %s: %w", id, err)
 				}
+				added := map[uint32]uint64{}
 				for _, r := range rows {
-					if !r.present {
+					switch {
+					case !r.present:
 						report("mailbox %s: UID %d has versions without its message row", id, r.msg.UID)
+					case r.msg.UID < h.UIDNext:
+						added[r.msg.UID] = r.msg.ModSeq
+						if r.msg.ModSeq < prevAdded {
+							report("mailbox %s: UID %d added at MODSEQ %d, before UID %d at %d", id, r.msg.UID, r.msg.ModSeq, prevUID, prevAdded)
+						}
+						prevUID, prevAdded = r.msg.UID, r.msg.ModSeq
 					}
 				}
 				latest := map[uint32]store.Message{}
@@ -112,6 +124,9 @@ func (b *Batches) Check(ctx context.Context) ([]string, error) {
 					present[ref{id, m.UID}] = m.Blob
 					if m.ModSeq > h.HighestModSeq {
 						report("mailbox %s: UID %d MODSEQ %d above HIGHESTMODSEQ %d", id, m.UID, m.ModSeq, h.HighestModSeq)
+					}
+					if m.ModSeq == added[m.UID] {
+						continue // an addition has no entry
 					}
 					var kind int8
 					if err := e.read(ctx, `SELECT kind FROM bchanges WHERE mailbox = ? AND bucket = ? AND section = 0 AND modseq = ? AND uid = ?`,

@@ -344,11 +344,13 @@ func collectDue(t *testing.T, c *collector) {
 }
 
 // TestChangesSeeTheirHead: a change log read that read the head before a
-// flag change superseded a message's addition still finds the addition
+// flag change superseded a message's version still finds that version
 // (the cluster-mode long run saw an IMAP session miss a message this
-// way, then take it for expunged: a UID seen out of order). The collector
-// keeps superseded entries for a grace; with no grace the read misses
-// the message, which shows the grace is what keeps it.
+// way, then take it for expunged: a UID seen out of order; additions are
+// now derived from message rows, which a flag change leaves, so the case
+// is a flag version superseded by another). The collector keeps
+// superseded versions for a grace; with no grace the read misses the
+// version, which shows the grace is what keeps it.
 func TestChangesSeeTheirHead(t *testing.T) {
 	for _, tc := range []struct {
 		grace time.Duration
@@ -371,21 +373,28 @@ func TestChangesSeeTheirHead(t *testing.T) {
 			if _, err := m.Append(ctx, inbox.ID, []store.NewMessage{{Body: []byte("one"), Size: 3}}, store.AppendOptions{}); err != nil {
 				t.Fatal(err)
 			}
+			flag := func(f string) uint64 {
+				t.Helper()
+				res, err := m.SetFlags(ctx, inbox.ID, store.FlagChange{UIDs: []uint32{1}, Op: store.FlagsAdd, Flags: []string{f}})
+				if err != nil || len(res.Changed) != 1 {
+					t.Fatalf("SetFlags(%s) = %+v, %v", f, res, err)
+				}
+				return res.Changed[0].ModSeq
+			}
+			seenAt := flag(`\Seen`)
 			h, err := b.readHead(ctx, inbox.ID, false)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := m.SetFlags(ctx, inbox.ID, store.FlagChange{UIDs: []uint32{1}, Op: store.FlagsAdd, Flags: []string{`\Seen`}}); err != nil {
-				t.Fatal(err)
-			}
+			flag(`\Flagged`)
 			collectDue(t, b.gc)
 			out, err := b.changesAt(ctx, inbox.ID, 0, 100, h)
 			if err != nil {
 				t.Fatal(err)
 			}
-			seen := slices.ContainsFunc(out, func(c store.Change) bool { return c.UID == 1 && c.Kind == store.ChangeAdded })
+			seen := slices.Equal(out, []store.Change{{ModSeq: seenAt, UID: 1, Kind: store.ChangeFlags}})
 			if seen != tc.seen {
-				t.Fatalf("changes at the head read before the flag change = %+v; addition of UID 1 seen: %v, want %v", out, seen, tc.seen)
+				t.Fatalf("changes at the head read before the second flag change = %+v; its version at MODSEQ %d seen: %v, want %v", out, seenAt, seen, tc.seen)
 			}
 		})
 	}

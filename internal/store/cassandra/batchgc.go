@@ -26,10 +26,11 @@ import (
 // Batches.grace after their batch was acknowledged before they are
 // collected: a reader that read
 // the head before that batch's head write still finds the rows the head
-// it read shows (the added entry of a message flagged since, the rows of
-// a message expunged since), provided it finishes within half the grace,
-// which readers check (batchread.go). Without the wait, a change log read
-// racing a flag change missed the message's addition altogether.
+// it read shows (the flag version of a message flagged again since, the
+// rows of a message expunged since), provided it finishes within half the
+// grace, which readers check (batchread.go). Without the wait, a change
+// log read racing a flag change missed the message's version altogether
+// (TestChangesSeeTheirHead).
 //
 // Garbage is soft state: a process that dies loses what it had queued.
 // What that leaves is harmless to readers (they take each UID's latest
@@ -387,7 +388,9 @@ func (c *collector) collect(ctx context.Context, id store.ID, it gcItem) error {
 	}
 	// The version rows from the superseded one up to the new one (versions
 	// a fenced batch left in between go too), then the superseded change
-	// log entry.
+	// log entry (for an addition, an entry only a keyspace written before
+	// additions were derived holds, batchadded.go; the collector cannot
+	// tell without a read, so it deletes in any case).
 	e := c.b.e
 	if err := e.write(ctx, `DELETE FROM bmessages USING TIMESTAMP ? WHERE mailbox = ? AND bucket = ? AND uid = ? AND modseq >= ? AND modseq < ?`,
 		it.ts, id[:], bucketOf(uint64(it.uid)), int64(it.uid), int64(max(it.prev, 1)), int64(it.modseq)).Exec(); err != nil {

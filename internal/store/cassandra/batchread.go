@@ -49,10 +49,11 @@ type brow struct {
 
 const browColumns = `uid, modseq, kind, added, flags, internal_date, size, blob, meta`
 
-// scanRows groups rows of bmessages by UID, in UID order, calling stop
-// before starting each new UID; stop returning true ends the scan with
-// more = true.
-func scanRows(scan func(...any) bool, stop func(n int) bool) (rows []*brow, more bool) {
+// scanRows groups rows of bmessages by UID, in the order read (a
+// descending read leaves each UID's versions descending), calling stop
+// with the UIDs read so far before starting each new UID; stop returning
+// true ends the scan with more = true.
+func scanRows(scan func(...any) bool, stop func(rows []*brow) bool) (rows []*brow, more bool) {
 	var cur *brow
 	var curUID int64 = -1
 	for {
@@ -66,7 +67,7 @@ func scanRows(scan func(...any) bool, stop func(n int) bool) (rows []*brow, more
 			return rows, false
 		}
 		if uid != curUID {
-			if stop != nil && stop(len(rows)) {
+			if stop != nil && stop(rows) {
 				return rows, true
 			}
 			cur = &brow{msg: store.Message{UID: uint32(uid)}}
@@ -103,7 +104,7 @@ func (b *Batches) readUIDs(ctx context.Context, mailbox store.ID, bucket int, ui
 func (b *Batches) readRange(ctx context.Context, mailbox store.ID, bucket int, from, to int64, need int) ([]*brow, bool, error) {
 	it := b.e.read(ctx, `SELECT `+browColumns+` FROM bmessages WHERE mailbox = ? AND bucket = ? AND uid >= ? AND uid < ?`,
 		mailbox[:], bucket, from, to).PageSize(min(max(2*need, 100), 2000)).Iter()
-	rows, more := scanRows(it.Scan, func(n int) bool { return n >= need })
+	rows, more := scanRows(it.Scan, func(rows []*brow) bool { return len(rows) >= need })
 	if err := it.Close(); err != nil {
 		return nil, false, wrap("listing messages", err)
 	}
@@ -327,9 +328,10 @@ func (b *Batches) GetMessage(ctx context.Context, mailbox store.ID, uid uint32) 
 }
 
 // Changes implements store.Engine: the change log entries above since
-// and at or below the head, with an added or flag entry reported only
-// while it is its message's latest version (a superseded one not yet
-// collected is skipped), read in pages of both sections merged.
+// and at or below the head, with a flag entry reported only while it is
+// its message's latest version (a superseded one not yet collected is
+// skipped) and the additions derived from the message rows (batchadded.go),
+// read in pages of the three merged.
 func (b *Batches) Changes(ctx context.Context, mailbox store.ID, since uint64, limit int) ([]store.Change, error) {
 	for attempt := 0; ; attempt++ {
 		out, err := b.changes(ctx, mailbox, since, limit)
@@ -375,27 +377,36 @@ func (b *Batches) changesAt(ctx context.Context, mailbox store.ID, since uint64,
 		if err != nil {
 			return nil, err
 		}
+		a, cutA, err := b.addedAfter(ctx, mailbox, h, cursor, need)
+		if err != nil {
+			return nil, err
+		}
 		last := upper
-		if cutV {
-			last = min(last, v[len(v)-1].ModSeq)
+		for _, c := range []struct {
+			cut     bool
+			entries []store.Change
+		}{{cutV, v}, {cutX, x}, {cutA, a}} {
+			if c.cut {
+				last = min(last, c.entries[len(c.entries)-1].ModSeq)
+			}
 		}
-		if cutX {
-			last = min(last, x[len(x)-1].ModSeq)
+		beyond := func(c store.Change) bool { return c.ModSeq > last }
+		// Entries of additions left by keyspaces written before they were
+		// derived (batchadded.go) are skipped: a stands for them.
+		v = slices.DeleteFunc(v, func(c store.Change) bool { return c.Kind == store.ChangeAdded || beyond(c) })
+		v, err = b.latestOnly(ctx, mailbox, h, v)
+		if err != nil {
+			return nil, err
 		}
-		merged := append(v, x...)
-		merged = slices.DeleteFunc(merged, func(c store.Change) bool { return c.ModSeq > last })
+		merged := slices.DeleteFunc(slices.Concat(v, x, a), beyond)
 		slices.SortFunc(merged, func(p, q store.Change) int {
 			if p.ModSeq != q.ModSeq {
 				return cmpU64(p.ModSeq, q.ModSeq)
 			}
 			return cmpU64(uint64(p.UID), uint64(q.UID))
 		})
-		kept, err := b.latestOnly(ctx, mailbox, h, merged)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, kept...)
-		if !cutV && !cutX {
+		out = append(out, merged...)
+		if !cutV && !cutX && !cutA {
 			break
 		}
 		cursor = last
@@ -447,9 +458,8 @@ func (b *Batches) fetchSection(ctx context.Context, mailbox store.ID, section in
 	return out, last.ModSeq < upper, nil
 }
 
-// latestOnly drops the added and flag entries that are not their
-// message's latest version at head h (superseded, or the message
-// expunged): only expunge entries and current versions are reported.
+// latestOnly drops the flag entries that are not their message's latest
+// version at head h (superseded, or the message expunged).
 func (b *Batches) latestOnly(ctx context.Context, mailbox store.ID, h bhead, changes []store.Change) ([]store.Change, error) {
 	byBucket := map[int][]int64{}
 	for _, c := range changes {

@@ -694,8 +694,8 @@ func (b *Batches) plan(j *bjob, bt *store.Batch, muts []bmut, idx map[store.ID]i
 			add("m", mb, bucketOf(uint64(msg.UID)), `INSERT INTO bmessages (mailbox, bucket, uid, modseq, added, flags, internal_date, size, blob) VALUES (?, ?, ?, 0, ?, ?, ?, ?, ?) USING TIMESTAMP ?`,
 				mb[:], bucketOf(uint64(msg.UID)), uid, int64(msg.ModSeq), joinFlags(msg.Flags), date, msg.Size, msg.Blob[:])
 		}
-		add("c", mb, bucketOf(msg.ModSeq), `INSERT INTO bchanges (mailbox, bucket, section, modseq, uid, kind, flags) VALUES (?, ?, 0, ?, ?, ?, ?) USING TIMESTAMP ?`,
-			mb[:], bucketOf(msg.ModSeq), int64(msg.ModSeq), uid, int8(store.ChangeAdded), joinFlags(msg.Flags))
+		// No change log entry: Changes derives additions from the message
+		// rows (batchadded.go).
 		blob := msg.Blob
 		if a.Body != nil {
 			body := a.Body
@@ -779,7 +779,13 @@ func (b *Batches) plan(j *bjob, bt *store.Batch, muts []bmut, idx map[store.ID]i
 		}
 	}
 	for _, u := range units {
-		if len(u.Entries) > 0 {
+		switch len(u.Entries) {
+		case 0:
+		case 1:
+			// One row (a delivery's message row): a statement, not a batch.
+			r := u.Entries[0]
+			single(func(ctx context.Context) *gocql.Query { return e.write(ctx, r.Stmt, r.Args...) })
+		default:
 			j.writes = append(j.writes, func(ctx context.Context) error { return e.s.ExecuteBatch(u.WithContext(ctx)) })
 		}
 	}
@@ -999,7 +1005,10 @@ func (b *Batches) refence(m *bmbox, epoch uint64) {
 // runAll runs n calls at once, the last on the calling goroutine and the
 // others on runners, and returns their errors joined.
 func runAll(n int, call func(i int) error) error {
-	if n == 1 {
+	switch n {
+	case 0: // a batch that only moves heads
+		return nil
+	case 1:
 		return call(0)
 	}
 	var wg sync.WaitGroup

@@ -149,9 +149,12 @@ var migrations = [][]string{
 			kind tinyint, added bigint, flags text, internal_date timestamp, size bigint, blob blob, meta blob,
 			PRIMARY KEY ((mailbox, bucket), uid, modseq))`,
 		// bchanges is the change log and the versioned message state, by
-		// MODSEQ bucket: section 0 holds each added or flag version (kind,
-		// flags) until a newer version of its UID supersedes it; section
-		// 1 holds expunges until the expunge floor passes them.
+		// MODSEQ bucket: section 0 holds each flag version (kind, flags)
+		// until a newer version of its UID supersedes it; section 1 holds
+		// expunges until the expunge floor passes them. Additions have no
+		// entry: readers derive them from bmessages (batchadded.go);
+		// keyspaces written before hold added entries in section 0, which
+		// readers skip.
 		`CREATE TABLE IF NOT EXISTS bchanges (
 			mailbox blob, bucket int, section tinyint, modseq bigint, uid bigint,
 			kind tinyint, flags text,
