@@ -115,9 +115,12 @@ func (f *additionsFixture) check(t *testing.T) {
 				want = append(want, c)
 			}
 		}
-		limits := []int{7, 1000}
-		if since%8 == 0 {
-			limits = append(limits, 1)
+		limits := []int{1000}
+		switch {
+		case since == 0:
+			limits = append(limits, 1, 7)
+		case since%5 == 0:
+			limits = append(limits, 7)
 		}
 		for _, limit := range limits {
 			var got []store.Change
