@@ -47,7 +47,8 @@ func (b *Batches) addedAfter(ctx context.Context, mailbox store.ID, h bhead, aft
 		if err != nil {
 			return nil, false, err
 		}
-		return firstMODSEQs(out, need)
+		out, cut := firstMODSEQs(out, need)
+		return out, cut, nil
 	}
 	// Many additions: find the first of them, then read up from it.
 	from, err := b.firstAddedAfter(ctx, mailbox, h, after)
@@ -78,7 +79,7 @@ func (b *Batches) addedAfter(ctx context.Context, mailbox store.ID, h bhead, aft
 			// Complete once need are in and a message added later was
 			// read: no addition of the MODSEQs returned is left unread.
 			if len(out) >= need && out[need-1].ModSeq < lastAdded {
-				out, _, _ = firstMODSEQs(out, need)
+				out, _ = firstMODSEQs(out, need)
 				return out, true, nil
 			}
 			if !more || len(rows) == 0 {
@@ -87,20 +88,21 @@ func (b *Batches) addedAfter(ctx context.Context, mailbox store.ID, h bhead, aft
 			start = int64(rows[len(rows)-1].msg.UID) + 1
 		}
 	}
-	return firstMODSEQs(out, need)
+	out, cut := firstMODSEQs(out, need)
+	return out, cut, nil
 }
 
 // firstMODSEQs keeps the first need changes of out (ascending) and the
 // rest of the last MODSEQ kept; cut reports that some were dropped.
-func firstMODSEQs(out []store.Change, need int) ([]store.Change, bool, error) {
+func firstMODSEQs(out []store.Change, need int) ([]store.Change, bool) {
 	if len(out) <= need {
-		return out, false, nil
+		return out, false
 	}
 	k := need
 	for k < len(out) && out[k].ModSeq == out[need-1].ModSeq {
 		k++
 	}
-	return out[:k], k < len(out), nil
+	return out[:k], k < len(out)
 }
 
 // additions returns the messages of rows (ascending) that are present at

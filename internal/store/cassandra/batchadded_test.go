@@ -34,13 +34,7 @@ func newAdditionsFixture(t *testing.T, appends int) *additionsFixture {
 	b := openBatches(t, newKeyspace(t))
 	t.Cleanup(func() { b.Close() })
 	const user = "a@example.test"
-	if err := b.CreateUser(ctx, store.User{Address: user}); err != nil {
-		t.Fatal(err)
-	}
-	inbox, err := b.GetMailbox(ctx, user, "INBOX")
-	if err != nil {
-		t.Fatal(err)
-	}
+	inbox := newInbox(t, b, user)
 	// A head that skips to firstUID, as a manager that refused many
 	// appends would leave it.
 	wait, err := b.SubmitBatch(ctx, &store.Batch{User: user, Epoch: 1, Heads: []store.HeadChange{{Mailbox: inbox.ID, UIDNext: firstUID, HighestModSeq: 3}}})

@@ -89,13 +89,7 @@ func TestRestartWithinEpoch(t *testing.T) {
 	e1 := openTest(t, ks)
 	b1 := e1.Batches()
 	const user = "r@example.test"
-	if err := b1.CreateUser(ctx, store.User{Address: user}); err != nil {
-		t.Fatal(err)
-	}
-	inbox, err := b1.GetMailbox(ctx, user, "INBOX")
-	if err != nil {
-		t.Fatal(err)
-	}
+	inbox := newInbox(t, b1, user)
 	m1 := usermgr.New(b1, usermgr.Options{})
 	for i := 0; i < 3; i++ {
 		body := fmt.Sprintf("first %d", i)
@@ -301,13 +295,7 @@ func TestHeadWriteFailureIsUnknown(t *testing.T) {
 	defer e.Close()
 	b := e.Batches()
 	const user = "h@example.test"
-	if err := b.CreateUser(ctx, store.User{Address: user}); err != nil {
-		t.Fatal(err)
-	}
-	inbox, err := b.GetMailbox(ctx, user, "INBOX")
-	if err != nil {
-		t.Fatal(err)
-	}
+	inbox := newInbox(t, b, user)
 	m := usermgr.New(b, usermgr.Options{})
 	if _, err := m.Append(ctx, inbox.ID, []store.NewMessage{{Body: []byte("first"), Size: 5}}, store.AppendOptions{}); err != nil {
 		t.Fatal(err)
@@ -315,7 +303,7 @@ func TestHeadWriteFailureIsUnknown(t *testing.T) {
 	if err := e.s.Query(`ALTER TABLE bmailboxes DROP size`).Exec(); err != nil {
 		t.Fatal(err)
 	}
-	_, err = m.Append(ctx, inbox.ID, []store.NewMessage{{Body: []byte("second"), Size: 6}}, store.AppendOptions{})
+	_, err := m.Append(ctx, inbox.ID, []store.NewMessage{{Body: []byte("second"), Size: 6}}, store.AppendOptions{})
 	if !errors.Is(err, store.ErrOutcomeUnknown) {
 		t.Fatalf("append whose head write failed: %v; want store.ErrOutcomeUnknown", err)
 	}
@@ -362,13 +350,7 @@ func TestChangesSeeTheirHead(t *testing.T) {
 			defer b.Close()
 			b.grace = tc.grace
 			const user = "c@example.test"
-			if err := b.CreateUser(ctx, store.User{Address: user}); err != nil {
-				t.Fatal(err)
-			}
-			inbox, err := b.GetMailbox(ctx, user, "INBOX")
-			if err != nil {
-				t.Fatal(err)
-			}
+			inbox := newInbox(t, b, user)
 			m := usermgr.New(b, usermgr.Options{})
 			if _, err := m.Append(ctx, inbox.ID, []store.NewMessage{{Body: []byte("one"), Size: 3}}, store.AppendOptions{}); err != nil {
 				t.Fatal(err)
@@ -410,13 +392,7 @@ func TestReferencedBlobsAreUnmarked(t *testing.T) {
 	defer e.Close()
 	b := e.Batches()
 	const user = "u@example.test"
-	if err := b.CreateUser(ctx, store.User{Address: user}); err != nil {
-		t.Fatal(err)
-	}
-	inbox, err := b.GetMailbox(ctx, user, "INBOX")
-	if err != nil {
-		t.Fatal(err)
-	}
+	inbox := newInbox(t, b, user)
 	marked := func(id store.ID) bool {
 		t.Helper()
 		n := 0

@@ -51,13 +51,7 @@ func TestPendingDeliveries(t *testing.T) {
 	b := openBatches(t, newKeyspace(t))
 	defer b.Close()
 	const user = "p@example.test"
-	if err := b.CreateUser(ctx, store.User{Address: user}); err != nil {
-		t.Fatal(err)
-	}
-	inbox, err := b.GetMailbox(ctx, user, "INBOX")
-	if err != nil {
-		t.Fatal(err)
-	}
+	inbox := newInbox(t, b, user)
 	blob := putBody(t, b, "held body")
 	p2 := record(7, 200, user, inbox.ID, blob, "held body")
 	p1 := record(7, 100, user, inbox.ID, blob, "held body")

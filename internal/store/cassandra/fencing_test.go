@@ -171,13 +171,7 @@ func fencingScenario(t *testing.T, fence bool) (audited, checked []string) {
 	ba, bb := ea.Batches(), eb.Batches()
 	ba.noFence, bb.noFence = !fence, !fence
 	const user = "fenced@example.test"
-	if err := ba.CreateUser(ctx, store.User{Address: user}); err != nil {
-		t.Fatal(err)
-	}
-	inbox, err := ba.GetMailbox(ctx, user, "INBOX")
-	if err != nil {
-		t.Fatal(err)
-	}
+	inbox := newInbox(t, ba, user)
 	ma := usermgr.New(ba, usermgr.Options{Owner: epochOwner(1)})
 	mb := usermgr.New(bb, usermgr.Options{Owner: epochOwner(2)})
 	want := map[uint32]*acked{}

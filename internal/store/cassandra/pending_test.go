@@ -28,13 +28,7 @@ func TestReadersShowPendingOperationWhole(t *testing.T) {
 	e := openTest(t, newKeyspace(t))
 	defer e.Close()
 	const user = "p@example.test"
-	if err := e.CreateUser(ctx, store.User{Address: user}); err != nil {
-		t.Fatal(err)
-	}
-	inbox, err := e.GetMailbox(ctx, user, "INBOX")
-	if err != nil {
-		t.Fatal(err)
-	}
+	inbox := newInbox(t, e, user)
 	for i := range 3 {
 		blob, n, err := e.PutBlob(ctx, strings.NewReader(fmt.Sprintf("message %d\r\n", i)), 0)
 		if err != nil {
