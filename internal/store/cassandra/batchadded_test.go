@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"quill/internal/store"
+	"quill/internal/store/storetest"
 	"quill/internal/usermgr"
 )
 
@@ -34,7 +35,7 @@ func newAdditionsFixture(t *testing.T, appends int) *additionsFixture {
 	b := openBatches(t, newKeyspace(t))
 	t.Cleanup(func() { b.Close() })
 	const user = "a@example.test"
-	inbox := newInbox(t, b, user)
+	inbox := storetest.UserInbox(t, b, user)
 	// A head that skips to firstUID, as a manager that refused many
 	// appends would leave it.
 	wait, err := b.SubmitBatch(ctx, &store.Batch{User: user, Epoch: 1, Heads: []store.HeadChange{{Mailbox: inbox.ID, UIDNext: firstUID, HighestModSeq: 3}}})

@@ -89,7 +89,7 @@ func TestRestartWithinEpoch(t *testing.T) {
 	e1 := openTest(t, ks)
 	b1 := e1.Batches()
 	const user = "r@example.test"
-	inbox := newInbox(t, b1, user)
+	inbox := storetest.UserInbox(t, b1, user)
 	m1 := usermgr.New(b1, usermgr.Options{})
 	for i := 0; i < 3; i++ {
 		body := fmt.Sprintf("first %d", i)
@@ -295,7 +295,7 @@ func TestHeadWriteFailureIsUnknown(t *testing.T) {
 	defer e.Close()
 	b := e.Batches()
 	const user = "h@example.test"
-	inbox := newInbox(t, b, user)
+	inbox := storetest.UserInbox(t, b, user)
 	m := usermgr.New(b, usermgr.Options{})
 	if _, err := m.Append(ctx, inbox.ID, []store.NewMessage{{Body: []byte("first"), Size: 5}}, store.AppendOptions{}); err != nil {
 		t.Fatal(err)
@@ -350,7 +350,7 @@ func TestChangesSeeTheirHead(t *testing.T) {
 			defer b.Close()
 			b.grace = tc.grace
 			const user = "c@example.test"
-			inbox := newInbox(t, b, user)
+			inbox := storetest.UserInbox(t, b, user)
 			m := usermgr.New(b, usermgr.Options{})
 			if _, err := m.Append(ctx, inbox.ID, []store.NewMessage{{Body: []byte("one"), Size: 3}}, store.AppendOptions{}); err != nil {
 				t.Fatal(err)
@@ -392,7 +392,7 @@ func TestReferencedBlobsAreUnmarked(t *testing.T) {
 	defer e.Close()
 	b := e.Batches()
 	const user = "u@example.test"
-	inbox := newInbox(t, b, user)
+	inbox := storetest.UserInbox(t, b, user)
 	marked := func(id store.ID) bool {
 		t.Helper()
 		n := 0

@@ -494,17 +494,3 @@ func mustJSON(t *testing.T, o *op) []byte {
 	}
 	return raw
 }
-
-// newInbox creates user in s and returns its INBOX.
-func newInbox(t testing.TB, s store.Engine, user string) store.Mailbox {
-	t.Helper()
-	ctx := context.Background()
-	if err := s.CreateUser(ctx, store.User{Address: user}); err != nil {
-		t.Fatal(err)
-	}
-	inbox, err := s.GetMailbox(ctx, user, "INBOX")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return inbox
-}

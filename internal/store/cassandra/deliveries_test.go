@@ -12,6 +12,7 @@ import (
 
 	"quill/internal/cluster/pending"
 	"quill/internal/store"
+	"quill/internal/store/storetest"
 	"quill/internal/usermgr"
 )
 
@@ -51,7 +52,7 @@ func TestPendingDeliveries(t *testing.T) {
 	b := openBatches(t, newKeyspace(t))
 	defer b.Close()
 	const user = "p@example.test"
-	inbox := newInbox(t, b, user)
+	inbox := storetest.UserInbox(t, b, user)
 	blob := putBody(t, b, "held body")
 	p2 := record(7, 200, user, inbox.ID, blob, "held body")
 	p1 := record(7, 100, user, inbox.ID, blob, "held body")

@@ -13,6 +13,7 @@ import (
 
 	"quill/internal/history"
 	"quill/internal/store"
+	"quill/internal/store/storetest"
 	"quill/internal/usermgr"
 )
 
@@ -171,7 +172,7 @@ func fencingScenario(t *testing.T, fence bool) (audited, checked []string) {
 	ba, bb := ea.Batches(), eb.Batches()
 	ba.noFence, bb.noFence = !fence, !fence
 	const user = "fenced@example.test"
-	inbox := newInbox(t, ba, user)
+	inbox := storetest.UserInbox(t, ba, user)
 	ma := usermgr.New(ba, usermgr.Options{Owner: epochOwner(1)})
 	mb := usermgr.New(bb, usermgr.Options{Owner: epochOwner(2)})
 	want := map[uint32]*acked{}

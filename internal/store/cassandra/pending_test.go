@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"quill/internal/store"
+	"quill/internal/store/storetest"
 )
 
 // TestReadersShowPendingOperationWhole: an operation committed in the head
@@ -28,7 +29,7 @@ func TestReadersShowPendingOperationWhole(t *testing.T) {
 	e := openTest(t, newKeyspace(t))
 	defer e.Close()
 	const user = "p@example.test"
-	inbox := newInbox(t, e, user)
+	inbox := storetest.UserInbox(t, e, user)
 	for i := range 3 {
 		blob, n, err := e.PutBlob(ctx, strings.NewReader(fmt.Sprintf("message %d\r\n", i)), 0)
 		if err != nil {

@@ -42,7 +42,7 @@ func TestCheckpointCancelsShortLived(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	inbox := userInbox(t, e, "short@example.test")
+	inbox := storetest.UserInbox(t, e, "short@example.test")
 	if err := e.checkpoint("test"); err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestOverlayViews(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { e.Close() }()
-	inbox := userInbox(t, e, "views@example.test")
+	inbox := storetest.UserInbox(t, e, "views@example.test")
 	uids := appendBulk(t, e, inbox.ID, 10)
 	if err := e.checkpoint("test"); err != nil {
 		t.Fatal(err)

@@ -52,20 +52,6 @@ func open(t testing.TB, dir string) *Engine {
 	return e
 }
 
-// userInbox creates the user addr and returns its INBOX.
-func userInbox(t testing.TB, e *Engine, addr string) store.Mailbox {
-	t.Helper()
-	ctx := context.Background()
-	if err := e.CreateUser(ctx, store.User{Address: addr}); err != nil {
-		t.Fatal(err)
-	}
-	inbox, err := e.GetMailbox(ctx, addr, "INBOX")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return inbox
-}
-
 func appendOne(t testing.TB, e *Engine, mbox store.ID, body string) store.Message {
 	t.Helper()
 	ctx := context.Background()
@@ -144,7 +130,7 @@ func TestFenceHidesUnsyncedAppends(t *testing.T) {
 	ctx := context.Background()
 	e := open(t, t.TempDir())
 	defer e.Close()
-	inbox := userInbox(t, e, "a@example.test")
+	inbox := storetest.UserInbox(t, e, "a@example.test")
 	first := appendOne(t, e, inbox.ID, "one")
 	before, _ := e.GetMailboxByID(ctx, inbox.ID)
 	second := appendOne(t, e, inbox.ID, "two")
@@ -269,7 +255,7 @@ func BenchmarkDeliverExpunge(b *testing.B) {
 	ctx := context.Background()
 	e := open(b, b.TempDir())
 	defer e.Close()
-	inbox := userInbox(b, e, "hot@example.test")
+	inbox := storetest.UserInbox(b, e, "hot@example.test")
 	body := []byte(strings.Repeat("x", 4700))
 	b.SetParallelism(32)
 	b.ResetTimer()
@@ -347,7 +333,7 @@ func BenchmarkOpenBlob(b *testing.B) {
 	ctx := context.Background()
 	e := open(b, b.TempDir())
 	defer e.Close()
-	inbox := userInbox(b, e, "a@example.test")
+	inbox := storetest.UserInbox(b, e, "a@example.test")
 	body := []byte(strings.Repeat("x", 4700))
 	var blobs []store.ID
 	for range 50 {
@@ -538,7 +524,7 @@ func TestHotCacheReadersSeeNoOlderRecord(t *testing.T) {
 	ctx := context.Background()
 	e := open(t, t.TempDir())
 	defer e.Close()
-	inbox := userInbox(t, e, "a@example.test")
+	inbox := storetest.UserInbox(t, e, "a@example.test")
 	stop := make(chan struct{})
 	var writers sync.WaitGroup
 	for w := range 4 {
@@ -594,7 +580,7 @@ func TestInboxHints(t *testing.T) {
 	ctx := context.Background()
 	e := open(t, t.TempDir())
 	defer e.Close()
-	old := userInbox(t, e, "a@example.test")
+	old := storetest.UserInbox(t, e, "a@example.test")
 	if id, ok := e.inboxes.Get("a@example.test"); !ok || id != old.ID {
 		t.Fatalf("hint after GetMailbox = %v %v, want %v", id, ok, old.ID)
 	}
@@ -612,7 +598,7 @@ func TestInboxHints(t *testing.T) {
 	if err != nil || got.ID == old.ID || got.Name != "INBOX" || got.User != "a@example.test" {
 		t.Fatalf("INBOX of the re-created user = %+v, %v; want a new one", got, err)
 	}
-	other := userInbox(t, e, "b@example.test")
+	other := storetest.UserInbox(t, e, "b@example.test")
 	sent, err := e.CreateMailbox(ctx, "a@example.test", "Sent", store.MailboxOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -633,7 +619,7 @@ func TestGetUserMemo(t *testing.T) {
 	e := open(t, t.TempDir())
 	defer e.Close()
 	const addr = "a@example.test"
-	userInbox(t, e, addr)
+	storetest.UserInbox(t, e, addr)
 	update := func(quota int64) {
 		t.Helper()
 		if err := e.UpdateUser(ctx, store.User{Address: addr, PasswordHash: "h", QuotaBytes: quota}); err != nil {

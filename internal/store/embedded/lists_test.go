@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"quill/internal/store"
+	"quill/internal/store/storetest"
 )
 
 // Under concurrent deliveries, flag changes, expunges, summaries kept
@@ -25,7 +26,7 @@ func TestListCacheMatchesDatabase(t *testing.T) {
 	defer e.Close()
 	var inboxes []store.Mailbox
 	for i := range 6 {
-		inboxes = append(inboxes, userInbox(t, e, fmt.Sprintf("u%d@example.test", i)))
+		inboxes = append(inboxes, storetest.UserInbox(t, e, fmt.Sprintf("u%d@example.test", i)))
 	}
 	var wg sync.WaitGroup
 	for w := range 8 {
@@ -115,7 +116,7 @@ func TestListCacheSkipsFailedTransactions(t *testing.T) {
 	ctx := context.Background()
 	e := open(t, t.TempDir())
 	defer e.Close()
-	inbox := userInbox(t, e, "a@example.test")
+	inbox := storetest.UserInbox(t, e, "a@example.test")
 	m := appendOne(t, e, inbox.ID, "one")
 	if _, ok := e.lists.get(inbox.ID, m.UID); !ok {
 		t.Fatal("a first delivery into an empty mailbox is not cached")
@@ -167,7 +168,7 @@ func TestListCacheMailboxDeletedInGroup(t *testing.T) {
 	ctx := context.Background()
 	e := open(t, t.TempDir())
 	defer e.Close()
-	userInbox(t, e, "a@example.test")
+	storetest.UserInbox(t, e, "a@example.test")
 	mb, err := e.CreateMailbox(ctx, "a@example.test", "Doomed", store.MailboxOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -206,7 +207,7 @@ func TestListCacheBounded(t *testing.T) {
 	}
 	defer e.Close()
 	for i := range 40 {
-		inbox := userInbox(t, e, fmt.Sprintf("u%d@example.test", i))
+		inbox := storetest.UserInbox(t, e, fmt.Sprintf("u%d@example.test", i))
 		appendOne(t, e, inbox.ID, "message")
 		if e.lists.bytes > e.lists.max {
 			t.Fatalf("cache holds %d bytes, budget %d", e.lists.bytes, e.lists.max)
@@ -215,14 +216,14 @@ func TestListCacheBounded(t *testing.T) {
 	if n := len(e.lists.m); n == 0 || n == 40 {
 		t.Errorf("a 4 KiB cache holds %d of 40 mailboxes", n)
 	}
-	big := userInbox(t, e, "big@example.test")
+	big := storetest.UserInbox(t, e, "big@example.test")
 	batch := make([]store.NewMessage, listMaxLen+1)
 	for i := range batch {
 		batch[i] = store.NewMessage{Body: []byte("b"), Size: 1}
 	}
 	e2 := open(t, t.TempDir())
 	defer e2.Close()
-	big2 := userInbox(t, e2, "big@example.test")
+	big2 := storetest.UserInbox(t, e2, "big@example.test")
 	for _, c := range []struct {
 		e  *Engine
 		mb store.ID
@@ -259,7 +260,7 @@ func BenchmarkMaildropCycle(b *testing.B) {
 			var mu sync.Mutex
 			var boxes []store.ID
 			for i := range 16 * runtime.GOMAXPROCS(0) {
-				boxes = append(boxes, userInbox(b, e, fmt.Sprintf("u%d@example.test", i)).ID)
+				boxes = append(boxes, storetest.UserInbox(b, e, fmt.Sprintf("u%d@example.test", i)).ID)
 			}
 			nm := []store.NewMessage{{Body: body, Size: int64(len(body))}}
 			b.SetParallelism(16)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"quill/internal/store"
+	"quill/internal/store/storetest"
 )
 
 // SetMeta gives a summary to messages stored without one and to no other:
@@ -23,7 +24,7 @@ func TestSetMeta(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			inbox := userInbox(t, e, "a@example.test")
+			inbox := storetest.UserInbox(t, e, "a@example.test")
 			body := []byte("Subject: s\r\n\r\nb\r\n")
 			nm := store.NewMessage{Body: body, Size: int64(len(body))}
 			withMeta := nm

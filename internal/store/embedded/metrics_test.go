@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"quill/internal/store"
+	"quill/internal/store/storetest"
 )
 
 // gathered returns every sample of reg by name and label values
@@ -57,7 +58,7 @@ func TestStoreMetrics(t *testing.T) {
 		t.Fatalf("a new store reports flushes or tables: %v", before)
 	}
 
-	inbox := userInbox(t, e, "metrics@example.test")
+	inbox := storetest.UserInbox(t, e, "metrics@example.test")
 	body := strings.Repeat("x", 64<<10)
 	const n = 40
 	var last store.Message

@@ -83,7 +83,7 @@ func TestPruneStopsAtModSeqBoundary(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	inbox := userInbox(t, e, "b@example.test")
+	inbox := storetest.UserInbox(t, e, "b@example.test")
 	uids := appendBulk(t, e, inbox.ID, pruneBatch+500)
 	// Expunges below the bulk STORE, so that the prune has to read through it.
 	early := appendOne(t, e, inbox.ID, "early\r\n")
@@ -149,7 +149,7 @@ func TestExpungeEntries(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	e := open(t, dir)
-	inbox := userInbox(t, e, "c@example.test")
+	inbox := storetest.UserInbox(t, e, "c@example.test")
 	uids := appendBulk(t, e, inbox.ID, 2*maxExpungedPerEntry+300)
 	// Every third UID stays: the rest are runs of two.
 	var gone, kept []uint32

@@ -1197,3 +1197,17 @@ func race(t *testing.T, n int, create func(i int) error) []int {
 	wg.Wait()
 	return winners
 }
+
+// UserInbox creates the user addr in s and returns its INBOX: the start of
+// most engine tests.
+func UserInbox(t testing.TB, s store.Engine, addr string) store.Mailbox {
+	t.Helper()
+	if err := s.CreateUser(ctx(), store.User{Address: addr}); err != nil {
+		t.Fatal(err)
+	}
+	inbox, err := s.GetMailbox(ctx(), addr, "INBOX")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return inbox
+}
