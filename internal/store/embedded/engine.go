@@ -26,11 +26,14 @@
 // durable, so nothing a reader sees can be lost by a crash. A checkpoint
 // applies the overlay's net effect to Pebble every few seconds.
 //
-// Because one goroutine assigns UIDs and MODSEQs and commits groups in order,
-// they are strictly increasing in commit order. Between applying a batch and
+// The user manager assigns UIDs and MODSEQs (package usermgr); the
+// committer applies its batches in the order they were submitted, each
+// only if its assertions hold against the stored heads (batch.go), so they
+// are strictly increasing in commit order. Between applying a group and
 // updating the caches, a mailbox record read from the cache and the
-// messages read from Pebble could disagree, so readers clamp what they see
-// of a fenced mailbox to its pre-group state.
+// messages read through the overlay could disagree, so readers clamp what
+// they see of a fenced mailbox to its pre-group state. What the engine
+// keeps beneath the manager, and why: ADR 0039.
 //
 // Rejected alternative: a lock per mailbox held across the commit. It
 // serializes a hot mailbox at one fsync per message; the committer instead
